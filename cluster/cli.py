@@ -34,7 +34,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _graceful)
-    result = train(cfg)
+    try:
+        result = train(cfg, resume=args.resume)
+    except FileNotFoundError as exc:
+        if not args.resume:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if result.interrupted:
         print(f"stopped early at step {result.steps}; checkpoint {result.checkpoint}")
         return 130
@@ -66,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Train a policy: rollout actors, reward actor and a DeepSpeed learner on Ray.")
     _add_config_args(train)
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in output_dir/name from its last checkpoint (after a crash)")
     for name, (_, help_line) in DELEGATED.items():
         sub.add_parser(name, help=help_line, add_help=False)
     return parser

@@ -4,6 +4,11 @@ Stages: (1) resolve the policy (bootstrap + SFT, cached), (2) start Ray and the 
 (3) evaluate held-out tasks, (4) train: async (rollout actors run free, admission-controlled)
 or sync (collect, then train), (5) final checkpoint, evaluation and plots. A background
 actor's failure is re-raised here instead of hanging the loop; Ctrl-C still checkpoints.
+
+``resume=True`` continues the run in the same run directory after a crash: the learner loads
+the last checkpoint (weights, optimizer, step, version), the replay store (same run id, so
+the same Redis keys) delivers again what was claimed but not checkpointed and drops the
+reservations of producers that died, and training goes on to the step budget.
 """
 
 from __future__ import annotations
@@ -29,12 +34,31 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def prepare_run_dir(cfg: RunConfig) -> tuple[Path, str]:
-    run_dir = Path(cfg.output_dir) / cfg.name
+RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json")
+"""What a fresh start in a used run directory begins again (checkpoints stay on disk)."""
+
+
+def prepare_run_dir(cfg: RunConfig, resume: bool = False,
+                    say: Callable[[str], None] = print) -> tuple[Path, str]:
+    """The run directory and run id; a resumed run keeps the id (its Redis keys use it)."""
+    run_dir = (Path(cfg.output_dir) / cfg.name).resolve()
+    ident = run_dir / "run.json"
+    if resume:
+        if not (run_dir / "state.json").exists() or not ident.exists():
+            raise FileNotFoundError(
+                f"--resume: {run_dir} holds no checkpointed run (no state.json/run.json); the run "
+                "must have saved a checkpoint (learner.checkpoint_every) before it stopped, and "
+                "output_dir and name must match it")
+        return run_dir, json.loads(ident.read_text())["run_id"]
     run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "state.json").exists():
+        say(f"note: {run_dir} holds an earlier run; starting over (turnrl train --resume continues it)")
+    for name in RUN_STATE_FILES:
+        (run_dir / name).unlink(missing_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2, by_alias=True))
     run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"
-    return run_dir.resolve(), run_id
+    ident.write_text(json.dumps({"run_id": run_id}))
+    return run_dir, run_id
 
 
 def _watch(ref: Any, rollout_refs: list[Any]) -> Any:
@@ -76,8 +100,8 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     rollout_refs = [w.run.remote() for w in actors.rollouts] if cfg.train.async_ else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     last: dict[str, float] = {}
-    step = 0
-    for step in range(1, cfg.train.steps + 1):
+    step = result.steps
+    for step in range(result.steps + 1, cfg.train.steps + 1):
         if not cfg.train.async_:
             t0 = time.perf_counter()
             ray.get([w.collect.remote(per_worker) for w in actors.rollouts])
@@ -94,8 +118,26 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     return step
 
 
-def train(cfg: RunConfig, on_stage: Callable[[str], None] = print) -> RunResult:
-    """Run a whole job; returns where its outputs are. Actors never outlive the call."""
+def _resume_replay(actors: Any, run_dir: Path, on_stage: Callable[[str], None]) -> int:
+    """Line the replay store up with the checkpoint the learner resumed from; returns its step."""
+    import ray
+
+    from learner.run_files import keep_steps_through
+
+    step, version = ray.get([actors.learner.get_step.remote(), actors.learner.get_version.remote()])
+    requeued = ray.get(actors.replay.recover.remote(version))
+    # No producer of this run is alive yet: reservations still counted are those of the dead.
+    orphaned = ray.get(actors.replay.stats.remote()).running
+    ray.get(actors.replay.release.remote(orphaned))
+    keep_steps_through(run_dir / "metrics.jsonl", step)
+    on_stage(f"resumed at step {step} (version {version}): {requeued} groups delivered again, "
+             f"{orphaned} reservations of dead producers released")
+    return step
+
+
+def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool = False) -> RunResult:
+    """Run a whole job (or continue a crashed one with ``resume``); returns where its outputs
+    are. Actors never outlive the call."""
     import ray
 
     from cluster.actors import init_ray, start_actors
@@ -103,16 +145,18 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print) -> RunResult:
     from learner.bootstrap import ensure_policy
 
     t_start = time.time()
-    run_dir, run_id = prepare_run_dir(cfg)
+    run_dir, run_id = prepare_run_dir(cfg, resume, on_stage)
     source = make_task_source(cfg.env)
     check_requirements(cfg, source)
     on_stage(f"[1/5] policy: {cfg.policy.path}")
     policy = ensure_policy(cfg.policy, source, cfg.env.model_dump_json(), show_progress=cfg.progress == "bar")
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
-    actors = start_actors(cfg, str(policy), str(run_dir), run_id)
+    actors = start_actors(cfg, str(policy), str(run_dir), run_id, resume=resume)
     result = RunResult(run_dir, 0, None, timings={"setup_s": time.time() - t_start})
     try:
+        if resume:
+            result.steps = _resume_replay(actors, run_dir, on_stage)
         _run_stages(cfg, actors, source.tasks("heldout")[: cfg.eval.num_tasks], result, on_stage)
     finally:
         for actor in actors.all():
@@ -129,12 +173,9 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
     from cluster.progress import RunMonitor
     from cluster.reporting import final_report
 
-    before = {}
-    if heldout:
-        on_stage(f"[3/5] held-out evaluation before training ({len(heldout)} tasks)")
-        before = _evaluate(actors, heldout, cfg)
+    before = _evaluate_before(cfg, actors, heldout, result.run_dir, on_stage)
     on_stage(f"[4/5] training {cfg.train.steps} steps ({'async' if cfg.train.async_ else 'sync'})")
-    monitor = RunMonitor(result.run_dir, cfg.train.steps, cfg.progress)
+    monitor = RunMonitor(result.run_dir, cfg.train.steps, cfg.progress, initial=result.steps)
     t_train = time.time()
     try:
         result.steps = _train_loop(cfg, actors, monitor, heldout, result)
@@ -150,6 +191,21 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
     if heldout and not result.interrupted:
         on_stage("[5/5] held-out evaluation after training")
         result.eval = final_report(cfg, result.run_dir, before, _evaluate(actors, heldout, cfg), on_stage)
+
+
+def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: Path,
+                     on_stage: Callable[[str], None]) -> dict[str, float]:
+    """Held-out success of the starting policy; a resumed run reuses its first measurement."""
+    saved = run_dir / "eval_before.json"
+    if not heldout:
+        return {}
+    if saved.exists():
+        on_stage("[3/5] held-out evaluation before training: from the run's start (eval_before.json)")
+        return json.loads(saved.read_text())
+    on_stage(f"[3/5] held-out evaluation before training ({len(heldout)} tasks)")
+    before = _evaluate(actors, heldout, cfg)
+    saved.write_text(json.dumps(before))
+    return before
 
 
 def _final_checkpoint(actors: Any, on_stage: Callable[[str], None]) -> str | None:

@@ -12,15 +12,15 @@ from typing import Any
 class RunMonitor:
     """Writes every step's metrics to ``metrics.jsonl`` and shows them on a bar or log line."""
 
-    def __init__(self, run_dir: Path, total_steps: int, mode: str) -> None:
+    def __init__(self, run_dir: Path, total_steps: int, mode: str, initial: int = 0) -> None:
         from tqdm import tqdm
 
         self.path = run_dir / "metrics.jsonl"
         self.mode = mode
         self.t0 = time.time()
         self.samples = 0.0
-        self.bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True,
-                        disable=mode != "bar")
+        self.bar = tqdm(total=total_steps, initial=initial, desc="train", unit="step",
+                        dynamic_ncols=True, disable=mode != "bar")
         self._fh = self.path.open("a")
 
     def update(self, metrics: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from replay.base import Claim
 class LearnerPorts(Protocol):
     def claim(self, n: int) -> Claim | None: ...
     def ack(self, claim_id: str, version: int) -> None: ...
+    def commit(self, version: int) -> None: ...
     def publish(self, version: int, state: Mapping[str, Any]) -> None: ...
 
 
@@ -29,6 +30,11 @@ class ActorLearnerPorts:
         import ray
 
         ray.get(self.replay.ack.remote(claim_id, version))
+
+    def commit(self, version: int) -> None:
+        import ray
+
+        ray.get(self.replay.commit.remote(version))
 
     def publish(self, version: int, state: Mapping[str, Any]) -> None:
         import ray

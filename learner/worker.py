@@ -1,5 +1,10 @@
 """The DeepSpeed learner: claim a batch, compute turn advantages, take one optimizer step,
-publish the new weights, acknowledge the batch, checkpoint.
+publish the new weights, acknowledge the batch, checkpoint, commit.
+
+Exactly-once training across crashes: every step appends its group ids to
+``trained_groups.jsonl``; a checkpoint commits the acknowledged groups in the replay store;
+on resume the log is cut back to the checkpoint's step, and the driver has the store deliver
+again what later steps trained (their update died with the learner).
 
 Plain Python; the driver wraps it with ``ray.remote``. Stages of ``train_step`` are timed
 (``wait``, ``advantages``, ``update``, ``publish``) and returned as metrics.
@@ -24,6 +29,7 @@ from learner.config import LearnerConfig
 from learner.deepspeed_setup import full_state_dict, init_engine
 from learner.losses import LossInputs, policy_loss
 from learner.ports import LearnerPorts
+from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
 from replay.client import wait_claim
 from rollout.trajectory import Trajectory
@@ -49,9 +55,11 @@ class LearnerWorker:
         self.engine = init_engine(model, cfg, self.micro_batches)
         self.version = state["version"] if state else 0
         self.step = state["step"] if state else 0
+        self.trained_log = self.run_dir / "trained_groups.jsonl"
         if state:
             self.engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
                                         load_module_only=False)
+            keep_steps_through(self.trained_log, self.step)  # later steps are trained again
             self.ports.publish(self.version, full_state_dict(self.engine))
 
     # -- one step ------------------------------------------------------------------------
@@ -71,9 +79,12 @@ class LearnerWorker:
         self.step += 1
         self.ports.publish(self.version, full_state_dict(self.engine))
         self.ports.ack(claim.claim_id, self.version)
+        self._log_trained(claim.claim_id, [g.group_id for g in claim.groups])
         t3 = time.perf_counter()
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
+        elif not self.cfg.checkpoint_every:
+            self.ports.commit(self.version)  # no checkpoint to resume from: nothing to retain
         metrics |= batch_metrics(trajs, claim.staleness)
         metrics |= {"step": self.step, "version": self.version, "time/wait_s": t1 - t0,
                     "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
@@ -174,7 +185,13 @@ class LearnerWorker:
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "state.json")
+        self.ports.commit(self.version)  # only now is this version's update durable
         return str(path)
+
+    def _log_trained(self, claim_id: str, group_ids: list[str]) -> None:
+        with self.trained_log.open("a") as fh:
+            fh.write(json.dumps({"step": self.step, "version": self.version, "claim_id": claim_id,
+                                 "group_ids": group_ids}) + "\n")
 
     def _resume_state(self) -> dict[str, Any] | None:
         path = self.run_dir / "state.json"
@@ -182,3 +199,6 @@ class LearnerWorker:
 
     def get_version(self) -> int:
         return self.version
+
+    def get_step(self) -> int:
+        return self.step

@@ -7,11 +7,16 @@ Protocol, one training step::
     claim = store.claim(B)                # learner: B groups, or None if not yet available
     ...optimizer step...
     store.ack(claim.claim_id, version)    # learner: trained; publishes the new version
+    ...every N steps: checkpoint...
+    store.commit(version)                 # learner: the checkpoint holds it; forget the groups
 
 Every method is non-blocking so a store can live inside a single-threaded actor; waiting and
-backpressure live in ``replay.client``. A claim never acknowledged (the learner died) is
-delivered again by ``recover()``; group ids make redelivery idempotent: a group that was
-acknowledged once is never handed out again, and a group put twice is refused as a duplicate.
+backpressure live in ``replay.client``. Exactly-once training across crashes is two-phase: an
+acknowledged group is *retained* until a checkpoint that includes its update is durable
+(``commit``). After a crash, ``recover(checkpoint_version)`` delivers again every claim never
+acknowledged and every claim acknowledged after the checkpoint the learner resumes from (its
+update died with the learner), so the resumed learner trains each group once. Group ids make
+redelivery idempotent: a group put twice is refused as a duplicate.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class ReplayStats:
     bytes: int = 0
     accepted: int = 0
     trained: int = 0
+    """Groups acknowledged (a rewind by ``recover`` subtracts the ones it redelivers)."""
+    retained: int = 0
+    """Acknowledged groups kept until a checkpoint covers them (``commit``); not in ``bytes``."""
     refused: dict[str, int] = field(default_factory=dict)
     """Puts refused, by reason (full, stale, duplicate)."""
     evicted: dict[str, int] = field(default_factory=dict)
@@ -101,8 +109,19 @@ class ReplayStore(ABC):
         """The claim was trained on; the learner now publishes ``new_version``."""
 
     @abstractmethod
-    def recover(self) -> int:
-        """Return every unacknowledged claim to the ready queue; returns groups requeued."""
+    def commit(self, version: int) -> int:
+        """A checkpoint of ``version`` is durable: forget the groups acknowledged at or before
+        it; returns groups forgotten."""
+
+    @abstractmethod
+    def recover(self, checkpoint_version: int | None = None) -> int:
+        """Redeliver after a learner crash; returns groups requeued.
+
+        Every unacknowledged claim goes back to the head of the ready queue in claim order.
+        With ``checkpoint_version`` (the version the learner resumes from), claims acknowledged
+        after it go back too, ahead of those, and the store's version becomes it (a fresh
+        in-process store starts there); claims acknowledged at or before it are committed.
+        """
 
     @abstractmethod
     def stats(self) -> ReplayStats:

@@ -33,8 +33,11 @@ class ReplayHost:
     def ack(self, claim_id: str, version: int) -> None:
         self.store.ack(claim_id, version)
 
-    def recover(self) -> int:
-        return self.store.recover()
+    def commit(self, version: int) -> int:
+        return self.store.commit(version)
+
+    def recover(self, checkpoint_version: int | None = None) -> int:
+        return self.store.recover(checkpoint_version)
 
     def stats(self) -> ReplayStats:
         return self.store.stats()

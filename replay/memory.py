@@ -24,8 +24,9 @@ class InProcessReplayStore(ReplayStore):
         self.batch_groups = batch_groups
         self._ready: OrderedDict[str, tuple[Group, int]] = OrderedDict()
         self._claims: dict[str, list[tuple[Group, int]]] = {}
+        self._acked: dict[str, tuple[int, list[tuple[Group, int]]]] = {}
+        """Claim id -> (version it produced, its groups): retained until a checkpoint commits."""
         self._seen: set[str] = set()
-        self._trained: set[str] = set()
         self._ids = itertools.count()
         self._stats = ReplayStats()
 
@@ -98,24 +99,42 @@ class InProcessReplayStore(ReplayStore):
         taken = self._claims.pop(claim_id, None)
         if taken is None:
             raise KeyError(f"unknown or already acknowledged claim {claim_id!r}")
-        for group, nbytes in taken:
-            self._trained.add(group.group_id)
-            self._stats.bytes -= nbytes
+        self._acked[claim_id] = (new_version, taken)
+        self._stats.bytes -= sum(nbytes for _, nbytes in taken)
         self._stats.trained += len(taken)
         self._stats.version = max(self._stats.version, new_version)
 
-    def recover(self) -> int:
-        """Requeue unacknowledged claims ahead of newer groups, keeping their original order."""
-        back = [(g, nb) for cid in list(self._claims) for g, nb in self._claims.pop(cid)
-                if g.group_id not in self._trained]
-        for group, nbytes in reversed(back):
+    def commit(self, version: int) -> int:
+        done = [cid for cid, (v, _) in self._acked.items() if v <= version]
+        return sum(len(self._acked.pop(cid)[1]) for cid in done)
+
+    def recover(self, checkpoint_version: int | None = None) -> int:
+        """Requeue unacknowledged claims (and, with ``checkpoint_version``, the claims trained
+        after it) ahead of newer groups, in claim order."""
+        back = {cid: taken for cid, taken in self._claims.items()}
+        self._claims.clear()
+        if checkpoint_version is not None:
+            self.commit(checkpoint_version)
+            for cid, (_, taken) in self._acked.items():
+                back[cid] = taken
+                self._stats.bytes += sum(nbytes for _, nbytes in taken)
+                self._stats.trained -= len(taken)
+            self._acked.clear()
+            self._stats.version = checkpoint_version
+        requeue = [item for cid in sorted(back, key=_claim_seq) for item in back[cid]]
+        for group, nbytes in reversed(requeue):
             self._ready[group.group_id] = (group, nbytes)
             self._ready.move_to_end(group.group_id, last=False)
-        return len(back)
+        return len(requeue)
 
     def stats(self) -> ReplayStats:
         s = self._stats
         s.ready = len(self._ready)
         s.claimed = sum(len(c) for c in self._claims.values())
+        s.retained = sum(len(taken) for _, taken in self._acked.values())
         return ReplayStats(**{**s.__dict__, "refused": dict(s.refused), "evicted": dict(s.evicted),
                               "staleness_hist": dict(s.staleness_hist)})
+
+
+def _claim_seq(claim_id: str) -> int:
+    return int(claim_id[1:])

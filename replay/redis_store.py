@@ -8,8 +8,10 @@ Key layout, one run (``P`` = ``{key_prefix}:{<run_id>}:``, e.g. ``turnrl:{run-7}
     P gver       HASH   held group id -> oldest policy version (kept while claimed, for recover)
     P gbytes     HASH   held group id -> JSON bytes (what capacity_bytes counts)
     P claims     HASH   claim id -> JSON list of its group ids, until acknowledged
+    P acked      HASH   claim id -> JSON [version, group ids, group versions]: trained, payloads
+                        kept until a checkpoint covers the version (commit)
     P seen       SET    every group id ever accepted: refuses duplicates, also after training
-    P stats      HASH   version, accepted, running, trained, bytes, claim_seq
+    P stats      HASH   version, accepted, running, trained, retained, bytes, claim_seq
     P refused    HASH   reason -> puts refused (full, stale, duplicate)
     P evicted    HASH   reason -> groups removed untrained (stale)
     P staleness  HASH   staleness at claim -> groups claimed
@@ -29,9 +31,10 @@ The admission and staleness rules are those of ``replay.admission``, transcribed
 because they must run inside the scripts to be atomic; tests/test_replay_redis.py checks the
 transcription against the Python functions on a grid of inputs.
 
-Delivery: a claim moves ids from ``ready`` to ``claims``; ``ack`` unlinks the payloads and
-counts them trained; ``recover()`` puts every unacknowledged claim back at the head of
-``ready`` in its original order. ``seen`` makes a re-put (a producer retrying after a lost
+Delivery: a claim moves ids from ``ready`` to ``claims``; ``ack`` moves them to ``acked`` and
+counts them trained; ``commit(v)`` unlinks the payloads of claims acknowledged at or before
+``v`` (a checkpoint holds their update); ``recover(v)`` puts every unacknowledged claim, and
+every claim acknowledged after ``v``, back at the head of ``ready`` in claim order. ``seen`` makes a re-put (a producer retrying after a lost
 reply) a counted duplicate, never a second copy. The client does not retry by itself: a
 script that ran but whose reply was lost must not run twice (see docs/replay.md).
 """
@@ -55,7 +58,7 @@ from replay.redis_server import RedisServer, ensure_embedded
 from rollout.trajectory import Group
 
 KEY_NAMES = ("ready", "ready_ver", "gver", "gbytes", "seen", "claims", "stats", "refused",
-             "evicted", "staleness", "g:")
+             "evicted", "staleness", "acked", "g:")
 """Passed to every script as KEYS, in this order; the last is the prefix of payload keys."""
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -81,19 +84,38 @@ end
 """
 
 _PRELUDE = _RULES + """
-local ready, ready_ver, gver, gbytes, seen, claims, stats, refused, evicted, hist, gkey =
+local ready, ready_ver, gver, gbytes, seen, claims, stats, refused, evicted, hist, acked, gkey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
-  KEYS[11]
+  KEYS[11], KEYS[12]
 local function num(v) return tonumber(v) or 0 end
+local function add(key, field, n)  -- HINCRBY, but Lua renders -0 as "-0", which Redis refuses
+  if n ~= 0 then redis.call('HINCRBY', key, field, n) end
+end
 local function stat(name) return num(redis.call('HGET', stats, name)) end
 local function release(n)
   redis.call('HSET', stats, 'running', math.max(0, stat('running') - n))
 end
-local function forget(gid)  -- drop a held group's data, keeping its id in `seen`
-  redis.call('HINCRBY', stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
+local function drop_payload(gid)
   redis.call('UNLINK', gkey .. gid)  -- a background thread frees the megabyte
-  redis.call('HDEL', gver, gid)
   redis.call('HDEL', gbytes, gid)
+end
+local function forget(gid)  -- drop a held group's data, keeping its id in `seen`
+  add(stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
+  redis.call('HDEL', gver, gid)
+  drop_payload(gid)
+end
+local function commit(v)  -- forget the retained groups of claims acknowledged at or before v
+  local flat, n = redis.call('HGETALL', acked), 0
+  for i = 1, #flat, 2 do
+    local rec = cjson.decode(flat[i + 1])
+    if rec[1] <= v then
+      for _, gid in ipairs(rec[2]) do drop_payload(gid) end
+      redis.call('HDEL', acked, flat[i])
+      n = n + #rec[2]
+    end
+  end
+  add(stats, 'retained', -n)
+  return n
 end
 """
 
@@ -107,7 +129,7 @@ return granted
 """,
     "release": "release(tonumber(ARGV[1])) return 0",
     "put": """
-local gid, nbytes, v, staged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), KEYS[12]
+local gid, nbytes, v, staged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), KEYS[13]
 local function refuse(reason, detail)
   redis.call('UNLINK', staged)
   redis.call('HINCRBY', refused, reason, 1)
@@ -160,29 +182,57 @@ return {cid, gids, ages}
     "ack": """
 local raw = redis.call('HGET', claims, ARGV[1])
 if not raw then return false end
-local gids = cjson.decode(raw)
-for _, gid in ipairs(gids) do forget(gid) end
+local gids, vers = cjson.decode(raw), {}
+for i, gid in ipairs(gids) do  -- no longer held (bytes, gver); payload retained until commit
+  vers[i] = num(redis.call('HGET', gver, gid))
+  add(stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
+  redis.call('HDEL', gver, gid)
+end
 redis.call('HDEL', claims, ARGV[1])
+redis.call('HSET', acked, ARGV[1], cjson.encode({tonumber(ARGV[2]), gids, vers}))
 redis.call('HINCRBY', stats, 'trained', #gids)
+redis.call('HINCRBY', stats, 'retained', #gids)
 if tonumber(ARGV[2]) > stat('version') then redis.call('HSET', stats, 'version', ARGV[2]) end
 return #gids
 """,
+    "commit": "return commit(tonumber(ARGV[1]))",
     "recover": """
-local flat, order, requeued = redis.call('HGETALL', claims), {}, 0
+local order, requeued = {}, 0
+local function seq(cid) return tonumber(string.sub(cid, 2)) end
+local flat = redis.call('HGETALL', claims)
 for i = 1, #flat, 2 do
-  order[#order + 1] = {tonumber(string.sub(flat[i], 2)), cjson.decode(flat[i + 1])}
+  local gids, vers = cjson.decode(flat[i + 1]), {}
+  for j, gid in ipairs(gids) do vers[j] = num(redis.call('HGET', gver, gid)) end
+  order[#order + 1] = {seq(flat[i]), gids, vers}
+end
+redis.call('DEL', claims)
+if ARGV[1] ~= '' then  -- rewind to the checkpoint: claims trained after it are delivered again
+  local v, back = tonumber(ARGV[1]), 0
+  commit(v)
+  flat = redis.call('HGETALL', acked)
+  for i = 1, #flat, 2 do
+    local rec = cjson.decode(flat[i + 1])
+    order[#order + 1] = {seq(flat[i]), rec[2], rec[3]}
+    for j, gid in ipairs(rec[2]) do
+      redis.call('HSET', gver, gid, rec[3][j])
+      redis.call('HINCRBY', stats, 'bytes', num(redis.call('HGET', gbytes, gid)))
+    end
+    back = back + #rec[2]
+  end
+  redis.call('DEL', acked)
+  add(stats, 'trained', -back)
+  add(stats, 'retained', -back)
+  redis.call('HSET', stats, 'version', v)
 end
 -- newest claim first and each claim back to front: LPUSH then leaves the oldest at the head
 table.sort(order, function(a, b) return a[1] > b[1] end)
 for _, c in ipairs(order) do
   for i = #c[2], 1, -1 do
-    local gid = c[2][i]
-    redis.call('LPUSH', ready, gid)
-    redis.call('ZADD', ready_ver, num(redis.call('HGET', gver, gid)), gid)
+    redis.call('LPUSH', ready, c[2][i])
+    redis.call('ZADD', ready_ver, c[3][i], c[2][i])
     requeued = requeued + 1
   end
 end
-redis.call('DEL', claims)
 return requeued
 """,
 }
@@ -353,8 +403,11 @@ class RedisReplayStore(ReplayStore):
         if self._run("ack", claim_id, int(new_version)) is None:
             raise KeyError(f"unknown or already acknowledged claim {claim_id!r}")
 
-    def recover(self) -> int:
-        return int(self._run("recover"))
+    def commit(self, version: int) -> int:
+        return int(self._run("commit", int(version)))
+
+    def recover(self, checkpoint_version: int | None = None) -> int:
+        return int(self._run("recover", "" if checkpoint_version is None else int(checkpoint_version)))
 
     # -- reading ---------------------------------------------------------------------------
     def stats(self) -> ReplayStats:
@@ -369,7 +422,7 @@ class RedisReplayStore(ReplayStore):
         return ReplayStats(
             version=c.get("version", 0), ready=ready, claimed=held - ready,
             running=c.get("running", 0), bytes=c.get("bytes", 0), accepted=c.get("accepted", 0),
-            trained=c.get("trained", 0),
+            trained=c.get("trained", 0), retained=c.get("retained", 0),
             refused={key.decode(): int(v) for key, v in refused.items()},
             evicted={key.decode(): int(v) for key, v in evicted.items()},
             staleness_hist={int(key): int(v) for key, v in hist.items()},

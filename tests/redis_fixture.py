@@ -117,6 +117,7 @@ def _ack(store: RedisReplayStore, claim_id: str, version: int) -> None:
         retry(lambda: store.ack(claim_id, version))
     except KeyError:
         pass  # the first ack ran but its reply was lost; nobody else recovers our claims
+    retry(lambda: store.commit(version))  # as a learner that checkpoints every step (idempotent)
 
 
 def _learner(args: argparse.Namespace) -> None:

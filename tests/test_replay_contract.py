@@ -209,6 +209,40 @@ def test_recover_keeps_claim_order_at_the_front(make_store: MakeStore) -> None:
     assert ids(store.claim(5)) == ["a", "b", "c", "d", "e"]
 
 
+def test_acknowledged_groups_are_retained_until_a_checkpoint_commits_them(make_store: MakeStore) -> None:
+    store = make_store()
+    for gid in "abcd":
+        store.put(make_group(gid))
+    store.ack(store.claim(2).claim_id, new_version=1)
+    store.ack(store.claim(2).claim_id, new_version=2)
+    s = store.stats()
+    assert (s.trained, s.retained, s.bytes, s.ready, s.claimed) == (4, 4, 0, 0, 0)
+    assert store.commit(1) == 2  # checkpoint of version 1 holds [a, b]'s update only
+    assert store.commit(1) == 0
+    assert store.stats().retained == 2
+    assert store.commit(5) == 2
+    assert (store.stats().retained, store.stats().trained) == (0, 4)
+
+
+def test_recover_to_a_checkpoint_redelivers_what_the_lost_updates_trained(make_store: MakeStore) -> None:
+    # Claims: [a b] acked -> v1, [c d] acked -> v2, [e f] acked -> v3, [g] claimed, never acked.
+    # The learner dies; its last checkpoint is v1. [a b] stays trained (committed), [c d] [e f]
+    # (updates lost with the learner) and [g] come back, in claim order, and the version is 1.
+    store = make_store(batch_groups=2, eta=4)
+    for gid in "abcdefgh":
+        store.put(make_group(gid))
+    for version in (1, 2, 3):
+        store.ack(store.claim(2).claim_id, new_version=version)
+    store.claim(1)
+    assert store.recover(checkpoint_version=1) == 5
+    s = store.stats()
+    size = nbytes("a")
+    assert (s.version, s.trained, s.retained, s.ready, s.claimed) == (1, 2, 0, 6, 0)
+    assert s.bytes == 6 * size
+    assert ids(store.claim(6)) == ["c", "d", "e", "f", "g", "h"]
+    assert store.recover(checkpoint_version=1) == 6  # idempotent: nothing was acknowledged since
+
+
 # -- counters -----------------------------------------------------------------------------
 def test_stats_counters_through_a_step(make_store: MakeStore) -> None:
     store = make_store(batch_groups=2)

@@ -198,6 +198,7 @@ def test_concurrent_producers_and_learner_agree(redis_server: RedisServer) -> No
                 continue
             trained.extend(g.group_id for g in claim.groups)
             store.ack(claim.claim_id, new_version=0)
+            store.commit(0)  # as a learner that checkpoints every step
 
     producers = [threading.Thread(target=produce, args=(k * 30,)) for k in range(4)]
     learner = threading.Thread(target=learn)
