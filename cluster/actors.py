@@ -22,6 +22,7 @@ def init_ray(cfg: RunConfig) -> None:
     import ray
 
     if ray.is_initialized():
+        check_resources(cfg)  # an attached cluster too short of CPUs would hang actor creation
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local clusters; real ones configure auth themselves
@@ -36,13 +37,22 @@ def init_ray(cfg: RunConfig) -> None:
         ray.init(num_cpus=cfg.cluster.num_cpus or os.cpu_count(), **kwargs)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, term_handler)
+    check_resources(cfg)
+
+
+def check_resources(cfg: RunConfig) -> None:
+    """Fail fast, naming the keys, when the cluster has fewer CPUs than the run's actors ask."""
+    import ray
+
+    envs = cfg.rollout.env_actors
     need = (cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_cpus
-            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus)
+            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus)
     have = ray.cluster_resources().get("CPU", 0)
     if need > have + 1e-9:
         raise RuntimeError(
             f"the run needs {need:g} Ray CPUs (rollout.num_workers x rollout.num_cpus + learner.num_cpus "
-            f"+ cluster.reward_num_cpus + cluster.replay_num_cpus) but the cluster has {have:g}; "
+            f"+ cluster.reward_num_cpus + cluster.replay_num_cpus + rollout.env_actors.count x "
+            f"rollout.env_actors.num_cpus) but the cluster has {have:g}; "
             "lower them (fractions are fine) or add nodes"
         )
 
@@ -54,9 +64,22 @@ class RunActors:
     reward: Any
     rollouts: list[Any]
     learner: Any
+    envs: list[Any]
 
     def all(self) -> list[Any]:
-        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner]
+        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner, *self.envs]
+
+
+def start_env_hosts(cfg: RunConfig) -> list[Any]:
+    """The run's environment actors (none unless ``rollout.env_actors.count`` > 0)."""
+    import ray
+
+    from envs.host import EnvHost
+
+    spec = cfg.rollout.env_actors
+    host = ray.remote(EnvHost).options(num_cpus=spec.num_cpus, max_concurrency=spec.max_concurrency,
+                                       max_restarts=spec.max_restarts, max_task_retries=0)
+    return [host.remote(cfg.env) for _ in range(spec.count)]
 
 
 def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, resume: bool = False) -> RunActors:
@@ -67,7 +90,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     from learner.worker import LearnerWorker
     from replay.host import ReplayHost
     from cluster.reward_service import start_reward_service
-    from rollout.ports import ActorPorts
+    from rollout.ports import ActorEnvPort, ActorPorts
     from rollout.worker import RolloutWorker
     from cluster.telemetry import instrument, publish_metrics_targets
 
@@ -78,19 +101,23 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         cfg.replay, cfg.learner.batch_groups, run_dir, run_id)
     broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
     reward = start_reward_service(cfg, replay, broker, str(policy_path))
+    envs = start_env_hosts(cfg)
+    env_ports = [ActorEnvPort(h) for h in envs] or None
     rollouts = [
         ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, max_concurrency=256).remote(
-            i, cfg.rollout, cfg.env, str(policy_path), cfg.train.seed, ActorPorts(replay, reward, broker))
+            i, cfg.rollout, cfg.env, str(policy_path), cfg.train.seed, ActorPorts(replay, reward, broker),
+            env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
     learner = ray.remote(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
         cfg.learner, str(policy_path), run_dir, ActorLearnerPorts(replay, broker),
         group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume)
-    started = RunActors(replay, broker, reward, rollouts, learner)
+    started = RunActors(replay, broker, reward, rollouts, learner, envs)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:
-        ray.get([learner.get_version.remote(), *[w.stats.remote() for w in rollouts], replay.stats.remote()])
+        ray.get([learner.get_version.remote(), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
+                 *[h.stats.remote() for h in envs]])
     except BaseException:
         for actor in started.all():
             ray.kill(actor)

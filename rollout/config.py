@@ -27,6 +27,23 @@ class HFEngineConfig(BaseModel):
 EngineConfig = HFEngineConfig
 
 
+class EnvActorsConfig(BaseModel):
+    """Environments in their own Ray actors, shared by the rollout actors (for heavy ones)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    count: int = Field(0, ge=0)
+    """Environment actors; 0 runs every episode's environment inside its rollout actor. Use
+    them when environment steps are slow or big (simulators, browsers, large indexes) so they
+    do not stall generation or get duplicated per rollout actor."""
+    num_cpus: float = Field(0.25, gt=0)
+    """Ray CPUs reserved per environment actor."""
+    max_concurrency: int = Field(256, ge=1)
+    """Episodes one environment actor serves at once."""
+    max_restarts: int = Field(3, ge=0)
+    """Times Ray restarts a crashed environment actor; its open episodes fail, the run goes on."""
+
+
 class RolloutConfig(BaseModel):
     """How episodes are generated and grouped."""
 
@@ -50,5 +67,7 @@ class RolloutConfig(BaseModel):
     """Inference engine settings."""
     num_cpus: float = Field(0.5, gt=0)
     """Ray CPUs reserved per rollout actor."""
+    env_actors: EnvActorsConfig = EnvActorsConfig()
+    """Where environments run: inside the rollout actors (default) or in their own actors."""
     torch_threads: int = Field(1, ge=1)
     """Intra-op threads per rollout actor."""

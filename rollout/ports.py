@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
+from envs.base import Observation, StepResult, Task
 from rollout.trajectory import Group
 
 
@@ -40,3 +41,19 @@ class ActorPorts:
             return None
         version, boxed = got  # the state dict travels as an object ref inside a list
         return version, await boxed[0]
+
+
+class ActorEnvPort:
+    """An ``envs.host.EnvHost`` Ray actor as a ``rollout.remote_env.EnvHostPort``."""
+
+    def __init__(self, host: Any) -> None:
+        self.handle = host
+
+    async def open(self, task: Task) -> tuple[str, Observation, int]:
+        return await self.handle.open.remote(task)
+
+    async def step(self, episode_id: str, action: str) -> StepResult:
+        return await self.handle.step.remote(episode_id, action)
+
+    def close(self, episode_id: str) -> None:
+        self.handle.close.remote(episode_id)  # fire and forget: nothing waits on a close

@@ -21,6 +21,7 @@ from rollout.engines import make_engine
 from rollout.engines.base import SamplingParams
 from rollout.episode import run_episode
 from rollout.ports import RolloutPorts
+from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
 
 _WEIGHT_POLL_S = 0.2
@@ -28,12 +29,14 @@ _WEIGHT_POLL_S = 0.2
 
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: RolloutConfig, env_cfg: Any, model_path: str,
-                 seed: int, ports: RolloutPorts) -> None:
+                 seed: int, ports: RolloutPorts, env_hosts: list[EnvHostPort] | None = None) -> None:
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
         self.worker_id, self.cfg, self.ports = worker_id, cfg, ports
         self.source = make_task_source(env_cfg)
+        # Episodes run here, or in environment actors when the run configures them.
+        self._envs = HostPicker(env_hosts) if env_hosts else self.source
         self.engine = make_engine(cfg.engine, str(model_path), seed=seed * 1000 + worker_id)
         self._train = self.source.tasks("train")
         self._rng = random.Random(seed * 7919 + worker_id)
@@ -61,7 +64,7 @@ class RolloutWorker:
         """G rollouts of one task, concurrently (their turns share engine batches)."""
         gid = f"{task.task_id}:{uuid.uuid4().hex[:12]}"
         trajs = await asyncio.gather(*[
-            run_episode(self.engine, self.source.make_env(), task, params, group_id=gid,
+            run_episode(self.engine, self._envs.make_env(), task, params, group_id=gid,
                         max_context_tokens=self.cfg.max_context_tokens)
             for _ in range(n)
         ])
