@@ -5,7 +5,8 @@
 Starts its own redis-server (loopback, data in a temporary directory, append-only file on with
 the embedded default ``appendfsync always`` unless told otherwise) and drives, round after
 round, what producers and the learner do: put B realistic groups (16 rollouts x 8 turns x 256
-sampled tokens, plus a 256-token prompt and 64-token observations), claim B, ack. It prints:
+sampled tokens, plus a 256-token prompt and 64-token observations), claim B, ack, commit.
+It prints:
 
 - store groups/s (serialisation, Lua scripts and deserialisation included) for raw JSON and
   zlib payloads, and the ratio to raw redis-py pipelined SETs of the same payload bytes;
@@ -80,6 +81,7 @@ def bench_store(url: str, groups: list[Group], batch: int, compress: bool) -> di
         claim = store.claim(batch)
         latencies.append(time.perf_counter() - t)
         store.ack(claim.claim_id, new_version=0)
+        store.commit(0)  # a learner that checkpoints every step frees the payloads at once
     elapsed = time.perf_counter() - start
     assert store.stats().trained == len(groups)
     store.delete_run()

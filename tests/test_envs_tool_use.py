@@ -210,3 +210,26 @@ def test_config_validation():
         ToolUseConfig(max_turns=3)
     with pytest.raises(ValidationError, match="min_calls"):
         ToolUseConfig(min_calls=4, max_calls=3)
+
+
+def test_sandbox_blocks_every_socket_entry_point_and_returns_json_typed_results():
+    probe = (
+        "def probe():\n"
+        "    import socket\n"
+        "    out = []\n"
+        "    for fn in (socket.socket, lambda: socket.create_connection(('10.0.0.1', 80), 1),\n"
+        "               lambda: socket.getaddrinfo('example.com', 80), socket.socketpair):\n"
+        "        try:\n"
+        "            fn()\n"
+        "            out.append('open')\n"
+        "        except PermissionError:\n"
+        "            out.append('blocked')\n"
+        "    return out\n"
+    )
+    assert run_tool([probe], "probe", {}, LIMITS).result == ["blocked"] * 4
+    # JSON-typed results pass as they are; other values arrive as their str, as json's default=str
+    odd = "def odd():\n    return {1: (1, 2.5, None, True), 's': {3}, 'n': float('nan')}\n"
+    assert run_tool([odd], "odd", {}, LIMITS).result == {"1": [1, 2.5, None, True], "s": "{3}", "n": "nan"}
+    # a tool that writes its own "reply" to the real stdout gets an error, not a forged result
+    forge = "import os\ndef forge():\n    os.write(1, b'__import__(\"os\")')\n    return 1\n"
+    assert not run_tool([forge], "forge", {}, LIMITS).ok
