@@ -50,12 +50,6 @@ class SFTConfig(BaseModel):
     to copy far sooner than action tokens alone; 0 gives plain action-only SFT."""
     num_demos: int = Field(1000, ge=1)
     """Training tasks turned into demonstrations."""
-    shortcut_fraction: float = Field(0.0, ge=0, lt=1)
-    """Share of demonstrations replaced by a shortcut that answers at once, without any tool
-    call, with the gold answer of another training task (a plausible guess, as a hurried
-    annotator would give). The warm start then mixes tool use with guessing, as policies
-    tuned on imperfect traces do, and RL has a behaviour to correct that it can reach within a
-    small CPU budget: the demo uses it (README). 0 keeps every demonstration expert."""
     seed: int = 0
     """Shuffling and init seed."""
 

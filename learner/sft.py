@@ -39,18 +39,6 @@ def demo_sequence(tokenizer: Any, task: Task, demo: list[dict[str, Any]]) -> tup
     return ids, mask
 
 
-def demonstration(source: TaskSource, task: Task, tasks: list[Task], shortcut_fraction: float,
-                  rng: random.Random) -> list[dict[str, Any]]:
-    """The source's expert demonstration, or with probability ``shortcut_fraction`` an
-    immediate answer guessed from another task's gold answers (see SFTConfig)."""
-    if shortcut_fraction and rng.random() < shortcut_fraction:
-        others = [t for t in tasks if t.gold_answers and t.gold_answers != task.gold_answers]
-        if others:
-            guess = rng.choice(others).gold_answers[0]
-            return [{"role": "assistant", "content": f"<answer>{guess}</answer>"}]
-    return source.demonstration(task)
-
-
 def _lr_at(step: int, total: int, peak: float) -> float:
     warm = max(1, total // 20)
     if step < warm:
@@ -66,8 +54,7 @@ def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show
 
     rng = random.Random(cfg.seed)
     tasks = source.tasks("train")[: cfg.num_demos]
-    data = [demo_sequence(tokenizer, t, demonstration(source, t, tasks, cfg.shortcut_fraction, rng))
-            for t in tasks]
+    data = [demo_sequence(tokenizer, t, source.demonstration(t)) for t in tasks]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
     pad = tokenizer.pad_token_id
