@@ -34,6 +34,12 @@ class SearchQAConfig(BaseModel):
     """Train tasks; once every train wording was used, they repeat in a new order."""
     num_heldout_tasks: int = Field(default=200, ge=0)
     """Held-out tasks, about (entity, relation chain) pairs no train task asks about."""
+    train_worlds: int = Field(default=0, ge=0, le=1000)
+    """0: train and held-out questions share the world of ``seed`` (split by entity and relation
+    chain). N > 0: train questions come from N other worlds (seeds ``seed + 1 .. seed + N``),
+    each searching its own documents, and held-out questions (the same ones as with 0) from the
+    world of ``seed``, whose facts no training task or demonstration shows: nothing recalled
+    from training answers a held-out question, only searching and reading transfer."""
     data: SearchDataConfig | None = None
     """Real question and corpus files instead of the synthetic world."""
 

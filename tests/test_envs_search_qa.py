@@ -252,3 +252,23 @@ def test_tasks_are_identical_across_processes_and_hash_seeds():
     )
     digests = {run_python(code, PYTHONHASHSEED=seed) for seed in ("1", "2")}
     assert len(digests) == 1
+
+
+def test_train_worlds_move_training_questions_to_other_worlds():
+    one, spread = source(0, num_train_tasks=90), source(0, num_train_tasks=90, train_worlds=3)
+    # held-out questions are unchanged: the run's world, the same tasks
+    assert [t.model_dump() for t in spread.tasks("heldout")] == [t.model_dump() for t in one.tasks("heldout")]
+    train = spread.tasks("train")
+    assert Counter(t.metadata["world_seed"] for t in train) == {1: 30, 2: 30, 3: 30}
+    assert len({t.task_id for t in train}) == 90
+    # no training question or demonstration shows a fact of the held-out world
+    held_docs = set(spread.world.documents())
+    for task in train[:12]:
+        demo = spread.demonstration(task)  # replays to success: each task searches its own world
+        shown = "\n".join(m["content"] for m in demo if m["role"] == "tool").split("\n")
+        assert shown and not held_docs & set(shown)
+        (result,) = run_episode(spread, task, [f"<answer>{task.gold_answers[0]}</answer>"])
+        assert result.done and spread.success(task, result.answer)
+    stray = train[0].model_copy(update={"metadata": {**train[0].metadata, "world_seed": 99}})
+    with pytest.raises(ValueError, match="world_seed 99"):
+        run_episode(spread, stray, [])

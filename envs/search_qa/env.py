@@ -13,7 +13,7 @@ synthetic world); otherwise (real data) any document containing a gold answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from envs.base import (
@@ -80,8 +80,11 @@ class SearchEnv(SyncEnvironment):
         top_k: int,
         max_turns: int,
         judge: Callable[[Task, str | None], bool],
+        corpora: Mapping[int, SearchCorpus] | None = None,
     ) -> None:
         self.corpus = corpus
+        self.corpora = corpora
+        """World seed -> corpus, when tasks come from several worlds (``metadata["world_seed"]``)."""
         self.top_k = top_k
         self.max_turns = max_turns
         self.judge = judge
@@ -94,6 +97,12 @@ class SearchEnv(SyncEnvironment):
     def start(self, task: Task) -> Observation:
         """Synchronous ``reset``: the anchor is the question text."""
         self.task, self.turn, self.done, self.seen = task, 0, False, set()
+        if self.corpora is not None:
+            seed = task.metadata.get("world_seed")
+            if seed not in self.corpora:
+                raise ValueError(f"task {task.task_id}: world_seed {seed!r} is none of this "
+                                 f"environment's worlds {sorted(self.corpora)}")
+            self.corpus = self.corpora[seed]
         return Observation(messages=[], anchor=question_text(task))
 
     def act(self, action: str) -> StepResult:

@@ -44,29 +44,49 @@ class SearchTaskSource(SplitTaskSource):
 
 
 class SyntheticSearchQA(SearchTaskSource):
-    """The synthetic world of ``cfg.seed``: tasks, BM25 over its documents, demonstrations."""
+    """The synthetic world of ``cfg.seed`` (and, with ``train_worlds``, the worlds training
+    questions come from): tasks, BM25 over each world's documents, demonstrations."""
 
     def __init__(self, cfg: SearchQAConfig) -> None:
         self.world: World = build_world(cfg.seed, cfg.num_entities)
-        texts = self.world.documents()
-        # the name is indexed twice more (a title field): an entity's own document must
-        # outrank the shorter documents that merely mention it, for every exact-name search
-        indexed = [f"{e.name}. {e.name}. {text}" for e, text in zip(self.world.entities, texts)]
-        corpus = SearchCorpus(
-            BM25Retriever(indexed), texts, [e.doc_id for e in self.world.entities]
-        )
+        """The world held-out questions ask about."""
+        train_worlds = [build_world(cfg.seed + k, cfg.num_entities) for k in range(1, cfg.train_worlds + 1)]
+        self.corpora = {w.seed: world_corpus(w) for w in [self.world, *train_worlds]}
         splits = split_tasks(
             self.world, cfg.hops, cfg.weights(), cfg.num_train_tasks, cfg.num_heldout_tasks
         )
-        super().__init__(cfg, corpus, splits)
+        if train_worlds:
+            splits["train"] = spread_train_tasks(train_worlds, cfg)
+        super().__init__(cfg, self.corpora[cfg.seed], splits)
+
+    def make_search_env(self) -> SearchEnv:
+        if len(self.corpora) == 1:
+            return super().make_search_env()
+        return SearchEnv(self.corpus, self.cfg.top_k, self.cfg.max_turns, judge=self.success,
+                         corpora=self.corpora)
 
     def corpus_text(self) -> list[str]:
         """Documents, every question, the system prompt and demonstration-style strings."""
-        out = [SYSTEM_PROMPT, *self.corpus.texts]
+        out = [SYSTEM_PROMPT, *(text for c in self.corpora.values() for text in c.texts)]
         out += [t.messages[-1]["content"] for split in SPLITS for t in self.splits[split]]
         for task in self.splits["train"][:200]:
             out += [m["content"] for m in self.demonstration(task)]
         return out
+
+
+def world_corpus(world: World) -> SearchCorpus:
+    texts = world.documents()
+    # the name is indexed twice more (a title field): an entity's own document must
+    # outrank the shorter documents that merely mention it, for every exact-name search
+    indexed = [f"{e.name}. {e.name}. {text}" for e, text in zip(world.entities, texts)]
+    return SearchCorpus(BM25Retriever(indexed), texts, [e.doc_id for e in world.entities])
+
+
+def spread_train_tasks(worlds: list[World], cfg: SearchQAConfig) -> list[Task]:
+    """``cfg.num_train_tasks`` training questions dealt evenly over ``worlds``, interleaved."""
+    per_world = -(-cfg.num_train_tasks // len(worlds))
+    columns = [split_tasks(w, cfg.hops, cfg.weights(), per_world, 0)["train"] for w in worlds]
+    return [task for row in zip(*columns) for task in row][: cfg.num_train_tasks]
 
 
 def build_search_qa(cfg: SearchQAConfig) -> TaskSource:
