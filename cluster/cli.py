@@ -28,7 +28,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     import signal
 
-    from cluster.driver import train
+    from cluster.driver import NothingToResumeError, train
 
     def _graceful(signum, frame):  # `ray job stop` and service stops send SIGTERM
         raise KeyboardInterrupt
@@ -36,9 +36,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _graceful)
     try:
         result = train(cfg, resume=args.resume)
-    except FileNotFoundError as exc:
-        if not args.resume:
-            raise
+    except NothingToResumeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if result.interrupted:

@@ -34,6 +34,10 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+class NothingToResumeError(FileNotFoundError):
+    """``--resume`` found no checkpointed run in the run directory."""
+
+
 RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json")
 """What a fresh start in a used run directory begins again (checkpoints stay on disk)."""
 
@@ -45,7 +49,7 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
     ident = run_dir / "run.json"
     if resume:
         if not (run_dir / "state.json").exists() or not ident.exists():
-            raise FileNotFoundError(
+            raise NothingToResumeError(
                 f"--resume: {run_dir} holds no checkpointed run (no state.json/run.json); the run "
                 "must have saved a checkpoint (learner.checkpoint_every) before it stopped, and "
                 "output_dir and name must match it")

@@ -20,10 +20,10 @@ def test_keep_steps_through_cuts_later_steps_and_a_torn_line(tmp_path: Path) -> 
 
 
 def test_resume_needs_a_checkpointed_run_and_keeps_its_id(tiny_run_config, tmp_path: Path) -> None:
-    from cluster.driver import prepare_run_dir
+    from cluster.driver import NothingToResumeError, prepare_run_dir
 
     cfg = tiny_run_config([f"output_dir={tmp_path}", "name=r"])
-    with pytest.raises(FileNotFoundError, match="checkpoint_every"):
+    with pytest.raises(NothingToResumeError, match="checkpoint_every"):
         prepare_run_dir(cfg, resume=True)
     run_dir, run_id = prepare_run_dir(cfg)
     (run_dir / "state.json").write_text(json.dumps({"step": 2}))

@@ -7,6 +7,7 @@ observations are exactly what the model will see.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from envs.base import SPLITS, Environment, SplitTaskSource, Task, TaskSource, replay_gold_calls
@@ -20,6 +21,10 @@ from envs.search_qa.world import World, build_world
 class SearchTaskSource(SplitTaskSource):
     """Shared behaviour: tasks by split, episodes over one corpus, replayed demonstrations."""
 
+    corpora: Mapping[int, SearchCorpus] | None = None
+    """World seed -> corpus when tasks come from several worlds; episodes then search the
+    corpus of their task's ``world_seed``."""
+
     def __init__(self, cfg: SearchQAConfig, corpus: SearchCorpus, splits: dict[str, list[Task]]):
         self.cfg = cfg
         self.corpus = corpus
@@ -29,7 +34,8 @@ class SearchTaskSource(SplitTaskSource):
         return self.make_search_env()
 
     def make_search_env(self) -> SearchEnv:
-        return SearchEnv(self.corpus, self.cfg.top_k, self.cfg.max_turns, judge=self.success)
+        return SearchEnv(self.corpus, self.cfg.top_k, self.cfg.max_turns, judge=self.success,
+                         corpora=self.corpora)
 
     def demonstration(self, task: Task) -> list[dict[str, Any]]:
         """Gold searches, each with its real result, then ``<answer>gold</answer>``.
@@ -52,18 +58,14 @@ class SyntheticSearchQA(SearchTaskSource):
         """The world held-out questions ask about."""
         train_worlds = [build_world(cfg.seed + k, cfg.num_entities) for k in range(1, cfg.train_worlds + 1)]
         self.corpora = {w.seed: world_corpus(w) for w in [self.world, *train_worlds]}
+        # The full split even when other worlds replace its train part: drawing train wordings
+        # advances the rng between hop counts, so held-out tasks stay those of train_worlds=0.
         splits = split_tasks(
             self.world, cfg.hops, cfg.weights(), cfg.num_train_tasks, cfg.num_heldout_tasks
         )
         if train_worlds:
             splits["train"] = spread_train_tasks(train_worlds, cfg)
         super().__init__(cfg, self.corpora[cfg.seed], splits)
-
-    def make_search_env(self) -> SearchEnv:
-        if len(self.corpora) == 1:
-            return super().make_search_env()
-        return SearchEnv(self.corpus, self.cfg.top_k, self.cfg.max_turns, judge=self.success,
-                         corpora=self.corpora)
 
     def corpus_text(self) -> list[str]:
         """Documents, every question, the system prompt and demonstration-style strings."""
