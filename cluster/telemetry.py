@@ -94,6 +94,9 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         Spec("ready", "turnrl_replay_depth_groups", "gauge", "Groups in replay, by state.", label=("state", "ready")),
         Spec("claimed", "turnrl_replay_depth_groups", "gauge", "", label=("state", "claimed")),
         Spec("running", "turnrl_replay_depth_groups", "gauge", "", label=("state", "running")),
+        # trained but kept until a checkpoint commits them (replay/base.py): a run that never
+        # checkpoints shows this growing, which is the sign to look for
+        Spec("retained", "turnrl_replay_depth_groups", "gauge", "", label=("state", "retained")),
         Spec("bytes", "turnrl_replay_size_bytes", "gauge", "Serialized size of the stored groups."),
         Spec("accepted", "turnrl_replay_accepted_groups", "counter", "Groups accepted."),
         Spec("trained", "turnrl_replay_trained_groups", "counter", "Groups acknowledged by the learner."),

@@ -67,6 +67,7 @@ def test_replay_host_serves_depth_and_staleness_histogram() -> None:
     # 3 accepted, 1 trained and acked, 1 claimed and not acked, 1 still ready
     assert value(depth, "turnrl_replay_depth_groups", state="ready", run="run-a") == 1
     assert value(depth, "turnrl_replay_depth_groups", state="claimed") == 1
+    assert value(depth, "turnrl_replay_depth_groups", state="retained") == 1  # acked, never committed
     hist = fams["turnrl_replay_staleness_versions"]
     # claimed staleness [0] then [1]: buckets le=0 -> 1, le=1.. -> 2; sum 0+1 = 1; count 2
     assert value(hist, "turnrl_replay_staleness_versions_bucket", le="0.0") == 1
