@@ -28,6 +28,11 @@ class SearchQAConfig(BaseModel):
     """Relative share of each entry of ``hops`` in both splits; None means equal shares."""
     top_k: int = Field(default=2, ge=1, le=50)
     """Documents returned by one search call."""
+    passages: Literal["entity", "fact"] = "entity"
+    """Synthetic world only. What one search result is: ``entity``, an entity's whole document;
+    ``fact``, one fact of it ("Kavo Tulen works for: Zeltra."), like a passage-level index that
+    returns the best-matching snippet. With ``fact`` the gold search names the relation too
+    ("Kavo Tulen works for"), and the answer is the retrieved passage's last name."""
     max_turns: int = Field(default=4, ge=1, le=64)
     """Assistant turns before the episode ends without an answer."""
     num_train_tasks: int = Field(default=2000, ge=1)

@@ -18,6 +18,7 @@ from envs.base import StepResult, Task
 from envs.config import SearchQAConfig
 from envs.registry import ENVS, make_task_source
 from envs.search_qa.source import SyntheticSearchQA
+from envs.search_qa.world import RELATIONS
 from envs.toolcalls import ToolCall, format_call
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,3 +273,36 @@ def test_train_worlds_move_training_questions_to_other_worlds():
     stray = train[0].model_copy(update={"metadata": {**train[0].metadata, "world_seed": 99}})
     with pytest.raises(ValueError, match="world_seed 99"):
         run_episode(spread, stray, [])
+
+
+def test_fact_passages_index_one_fact_per_result_and_search_entity_plus_relation():
+    src = source(0, hops=(1, 2), top_k=1, passages="fact")
+    world = src.world
+    person = world.of_kind("person")[0]
+    mentor = world.entities[person.relations["mentor"]]
+    # one passage per (entity, relation), in document order, subject first
+    assert f"{person.name} mentor: {mentor.name}." in src.corpus.texts
+    assert len(src.corpus.texts) == sum(len(e.relations) for e in world.entities)
+    # "X mentor" retrieves X's mentor fact, not the facts naming X as someone's mentor
+    (res,) = run_episode(src, src.tasks("train")[0], [search(f"{person.name} mentor")])
+    assert res.observation.messages[0]["content"] == f"{person.name} mentor: {mentor.name}."
+    assert res.info["retrieved"] == [f"doc{person.index:04d}#mentor"]
+    # gold searches name entity and relation; each hop's supporting fact is its top result
+    for task in src.tasks("train")[:40] + src.tasks("heldout")[:40]:
+        path, chain = task.metadata["path"], task.metadata["chain"]
+        labels = [RELATIONS[r].label for r in chain]
+        assert [c.arguments["query"] for c in task.gold_tool_calls] == [
+            f"{n} {lab}" for n, lab in zip(path, labels)
+        ]
+        demo = src.demonstration(task)  # replays to success
+        shown = [m["content"] for m in demo if m["role"] == "tool"]
+        assert shown == [f"{n} {lab}: {nxt}." for n, lab, nxt in zip(path, labels, path[1:])]
+
+
+def test_fact_passages_keep_held_out_facts_out_of_one_hop_training():
+    # with 1-hop questions, no training demonstration shows a held-out question's fact: a
+    # held-out answer can only come from reading the retrieved passage
+    src = source(0, hops=(1,), top_k=1, passages="fact")
+    held = {t.metadata["supporting_docs"][0] for t in src.tasks("heldout")}
+    trained = {t.metadata["supporting_docs"][0] for t in src.tasks("train")}
+    assert held and trained and not held & trained

@@ -80,11 +80,22 @@ def quotas(total: int, weights: list[float]) -> list[int]:
     return parts
 
 
-def make_task(world: World, path: Path, template: int, task_id: str) -> Task:
+def fact_id(entity: int, relation: str) -> str:
+    """Passage id of one fact (``passages: fact``): its entity's document id and the relation."""
+    return f"doc{entity:04d}#{relation}"
+
+
+def make_task(world: World, path: Path, template: int, task_id: str, passages: str = "entity") -> Task:
     """The task asking ``path``'s question in wording ``template``, with its gold labels."""
     ents = path.entities(world)
     question = path.question(world, template)
     names = [world.entities[i].name for i in ents]
+    if passages == "fact":  # each hop searches its entity and relation, and retrieves that fact
+        queries = [f"{n} {RELATIONS[r].label}" for n, r in zip(names, path.chain)]
+        support = [fact_id(e, r) for e, r in zip(ents, path.chain)]
+    else:
+        queries = names[:-1]
+        support = [world.entities[i].doc_id for i in ents[:-1]]
     return Task(
         task_id=task_id,
         messages=[
@@ -93,12 +104,12 @@ def make_task(world: World, path: Path, template: int, task_id: str) -> Task:
         ],
         tools=[SEARCH_TOOL],
         gold_answers=[names[-1]],
-        gold_tool_calls=[ToolCall(name="search", arguments={"query": n}) for n in names[:-1]],
+        gold_tool_calls=[ToolCall(name="search", arguments={"query": q}) for q in queries],
         metadata={
             "hops": len(path.chain),
             "chain": list(path.chain),
             "path": names,
-            "supporting_docs": [world.entities[i].doc_id for i in ents[:-1]],
+            "supporting_docs": support,
             "question": question,
             "world_seed": world.seed,
         },
@@ -111,6 +122,7 @@ def split_tasks(
     weights: list[float],
     num_train: int,
     num_heldout: int,
+    passages: str = "entity",
 ) -> dict[str, list[Task]]:
     """Disjoint train/held-out tasks with hop mix ``weights``.
 
@@ -146,7 +158,7 @@ def split_tasks(
     prefix = f"search_qa-s{world.seed}"
     return {
         split: [
-            make_task(world, path, t, f"{prefix}-{split}-{i:05d}")
+            make_task(world, path, t, f"{prefix}-{split}-{i:05d}", passages)
             for i, (path, t) in enumerate(items)
         ]
         for split, items in (("train", train), ("heldout", heldout))

@@ -13,7 +13,7 @@ from typing import Any
 from envs.base import SPLITS, Environment, SplitTaskSource, Task, TaskSource, replay_gold_calls
 from envs.config import SearchQAConfig
 from envs.search_qa.env import SearchCorpus, SearchEnv
-from envs.search_qa.questions import SYSTEM_PROMPT, split_tasks
+from envs.search_qa.questions import SYSTEM_PROMPT, fact_id, split_tasks
 from envs.search_qa.retrieval import BM25Retriever
 from envs.search_qa.world import World, build_world
 
@@ -57,11 +57,12 @@ class SyntheticSearchQA(SearchTaskSource):
         self.world: World = build_world(cfg.seed, cfg.num_entities)
         """The world held-out questions ask about."""
         train_worlds = [build_world(cfg.seed + k, cfg.num_entities) for k in range(1, cfg.train_worlds + 1)]
-        self.corpora = {w.seed: world_corpus(w) for w in [self.world, *train_worlds]}
+        self.corpora = {w.seed: world_corpus(w, cfg.passages) for w in [self.world, *train_worlds]}
         # The full split even when other worlds replace its train part: drawing train wordings
         # advances the rng between hop counts, so held-out tasks stay those of train_worlds=0.
         splits = split_tasks(
-            self.world, cfg.hops, cfg.weights(), cfg.num_train_tasks, cfg.num_heldout_tasks
+            self.world, cfg.hops, cfg.weights(), cfg.num_train_tasks, cfg.num_heldout_tasks,
+            cfg.passages,
         )
         if train_worlds:
             splits["train"] = spread_train_tasks(train_worlds, cfg)
@@ -76,18 +77,27 @@ class SyntheticSearchQA(SearchTaskSource):
         return out
 
 
-def world_corpus(world: World) -> SearchCorpus:
-    texts = world.documents()
-    # the name is indexed twice more (a title field): an entity's own document must
-    # outrank the shorter documents that merely mention it, for every exact-name search
-    indexed = [f"{e.name}. {e.name}. {text}" for e, text in zip(world.entities, texts)]
-    return SearchCorpus(BM25Retriever(indexed), texts, [e.doc_id for e in world.entities])
+def world_corpus(world: World, passages: str = "entity") -> SearchCorpus:
+    """BM25 over the world's entity documents, or over its facts (``passages="fact"``)."""
+    if passages == "fact":
+        facts = world.facts()
+        texts = [text for _, _, text in facts]
+        ids = [fact_id(e, rel) for e, rel, _ in facts]
+        subjects = [world.entities[e].name for e, _, _ in facts]
+    else:
+        texts = world.documents()
+        ids = [e.doc_id for e in world.entities]
+        subjects = [e.name for e in world.entities]
+    # the subject is indexed twice more (a title field): an entity's own document (or fact)
+    # must outrank those that merely mention it, for every exact-name search
+    indexed = [f"{name}. {name}. {text}" for name, text in zip(subjects, texts)]
+    return SearchCorpus(BM25Retriever(indexed), texts, ids)
 
 
 def spread_train_tasks(worlds: list[World], cfg: SearchQAConfig) -> list[Task]:
     """``cfg.num_train_tasks`` training questions dealt evenly over ``worlds``, interleaved."""
     per_world = -(-cfg.num_train_tasks // len(worlds))
-    columns = [split_tasks(w, cfg.hops, cfg.weights(), per_world, 0)["train"] for w in worlds]
+    columns = [split_tasks(w, cfg.hops, cfg.weights(), per_world, 0, cfg.passages)["train"] for w in worlds]
     return [task for row in zip(*columns) for task in row][: cfg.num_train_tasks]
 
 

@@ -119,6 +119,14 @@ class World:
     def documents(self) -> list[str]:
         return [self.document(i) for i in range(len(self.entities))]
 
+    def facts(self) -> list[tuple[int, str, str]]:
+        """Every fact as (entity index, relation name, passage text), in document order."""
+        return [
+            (e.index, rel, f"{e.name} {RELATIONS[rel].label}: {self.entities[target].name}.")
+            for e in self.entities
+            for rel, target in e.relations.items()
+        ]
+
     def of_kind(self, kind: str) -> list[Entity]:
         return [e for e in self.entities if e.kind == kind]
 
