@@ -175,7 +175,7 @@ def ig_problem(cell: Cell, args: argparse.Namespace) -> str | None:
 
         cfg = load_config(None, cell_overrides(cell, 0, args))
         source = make_task_source(cfg.env)
-        policy = ensure_policy(cfg.policy, source, cfg.env.model_dump_json(), show_progress=False)
+        policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=False)
         scorer = ModelScorer(cfg.rewards, str(policy))
         ids = lambda text: scorer.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         task = source.tasks("train")[0]

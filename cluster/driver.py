@@ -153,7 +153,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     source = make_task_source(cfg.env)
     check_requirements(cfg, source)
     on_stage(f"[1/5] policy: {cfg.policy.path}")
-    policy = ensure_policy(cfg.policy, source, cfg.env.model_dump_json(), show_progress=cfg.progress == "bar")
+    policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar")
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
     actors = start_actors(cfg, str(policy), str(run_dir), run_id, resume=resume)

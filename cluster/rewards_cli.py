@@ -52,7 +52,7 @@ def _policy_and_source(cfg: RunConfig) -> tuple[str, Any]:
     from learner.bootstrap import ensure_policy
 
     source = make_task_source(cfg.env)
-    path = ensure_policy(cfg.policy, source, cfg.env.model_dump_json(), show_progress=False)
+    path = ensure_policy(cfg.policy, cfg.env, source, show_progress=False)
     return str(path), source
 
 

@@ -13,6 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
+
 from envs.base import TaskSource
 from learner.config import PolicyConfig
 
@@ -34,37 +36,60 @@ def _corpus(source: TaskSource) -> list[str]:
         texts.append(json.dumps(task.tools))
     return texts
 
-def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show_progress: bool) -> dict:
+def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show_progress: bool,
+                      demo_source: TaskSource | None = None) -> dict:
+    """Tokenizer from the text of ``source`` (and ``demo_source``), random init, SFT on
+    demonstrations of ``demo_source`` (default ``source``)."""
     from learner.sft import run_sft
     from learner.tiny_policy import create_model, train_tokenizer
 
     t0 = time.perf_counter()
-    tokenizer = train_tokenizer(_corpus(source), cfg.tiny.vocab_size, out_dir)
+    demo_source = demo_source or source
+    texts = _corpus(source) + (_corpus(demo_source) if demo_source is not source else [])
+    tokenizer = train_tokenizer(texts, cfg.tiny.vocab_size, out_dir)
     model = create_model(cfg.tiny, tokenizer, cfg.sft.seed, out_dir)
     stats = {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)}
     if cfg.sft.enabled and cfg.sft.steps > 0:
         import torch
 
         torch.manual_seed(cfg.sft.seed)
-        stats |= run_sft(model, tokenizer, source, cfg.sft, show_progress)
+        stats |= run_sft(model, tokenizer, demo_source, cfg.sft, show_progress)
         model.save_pretrained(out_dir)
     stats["build_s"] = time.perf_counter() - t0
     (out_dir / "turnrl_bootstrap.json").write_text(json.dumps(stats, indent=2))
     return stats
 
-def ensure_policy(cfg: PolicyConfig, source: TaskSource, env_fingerprint: str, show_progress: bool = True) -> Path:
-    """Local folder holding the policy's weights and tokenizer."""
+def demo_env_config(cfg: PolicyConfig, env_cfg: BaseModel) -> BaseModel | None:
+    """The environment config demonstrations come from when ``policy.sft.env`` replaces keys
+    of the run's, validated (errors name the key); None when it replaces none."""
+    if not cfg.sft.env:
+        return None
+    try:
+        return type(env_cfg).model_validate({**env_cfg.model_dump(), **cfg.sft.env})
+    except ValidationError as exc:
+        problems = "; ".join(
+            ".".join(["policy.sft.env", *map(str, e["loc"])]) + f": {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"{problems} (keys of the {env_cfg.type} environment config)") from exc
+
+
+def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, show_progress: bool = True) -> Path:
+    """Local folder holding the policy's weights and tokenizer; ``source`` is ``env_cfg``'s."""
     if not cfg.path.startswith("builtin:"):
         return Path(cfg.path) if Path(cfg.path).exists() else cfg.path  # hub id
     if cfg.path != "builtin:tiny":
         raise ValueError(f"policy.path: unknown builtin {cfg.path!r}; known: ['builtin:tiny']")
-    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_fingerprint)
+    demo_cfg = demo_env_config(cfg, env_cfg)
+    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json())
     if (final / "turnrl_bootstrap.json").exists():
         return final
     tmp = final.with_name(final.name + f".tmp{time.time_ns()}")
     tmp.mkdir(parents=True)
     try:
-        build_tiny_policy(cfg, source, tmp, show_progress)
+        from envs.registry import make_task_source
+
+        demo_source = make_task_source(demo_cfg) if demo_cfg is not None else None
+        build_tiny_policy(cfg, source, tmp, show_progress, demo_source)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +50,11 @@ class SFTConfig(BaseModel):
     to copy far sooner than action tokens alone; 0 gives plain action-only SFT."""
     num_demos: int = Field(1000, ge=1)
     """Training tasks turned into demonstrations."""
+    env: dict[str, Any] = {}
+    """Environment config keys replaced for the demonstrations, e.g. ``{seed: 1}`` to warm-start
+    on another synthetic world than the one RL trains and evaluates on. RL's training questions
+    are then new to the policy, so rewarding it can only strengthen what transfers (searching,
+    reading), not recall of answers SFT showed it. Empty: demonstrate the run's own tasks."""
     seed: int = 0
     """Shuffling and init seed."""
 

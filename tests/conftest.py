@@ -50,7 +50,7 @@ def tiny_policy(tiny_run_config):
 
     cfg = tiny_run_config()
     source = make_task_source(cfg.env)
-    path = ensure_policy(cfg.policy, source, cfg.env.model_dump_json(), show_progress=False)
+    path = ensure_policy(cfg.policy, cfg.env, source, show_progress=False)
     return str(path), source
 
 
