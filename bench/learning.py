@@ -60,8 +60,12 @@ MATRIX: tuple[Cell, ...] = (
 SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_flight=4",
           "rollout.max_new_tokens=64", "rollout.num_cpus=0.5", "learner.batch_groups=4",
           "learner.lr=2e-4", "learner.loss.tis=token", "eval.num_tasks=100", "progress=none"]
+# search QA: the demo's task (docs/learning.md "Why the demo learns now"), where held-out
+# success needs reading and RL trains mostly on questions SFT did not show;
 # household plans take up to 10 actions (30 by default is slow on CPU for nothing)
-ENV_SHARED = {"search_qa": [], "household": ["env.max_turns=15"], "tool_use": []}
+SEARCH_QA_AS_DEMO = ["env.num_entities=200", "env.hops=[1]", "env.passages=fact", "env.top_k=1",
+                     "env.max_turns=3", "policy.sft.steps=500", "policy.sft.num_demos=300"]
+ENV_SHARED = {"search_qa": SEARCH_QA_AS_DEMO, "household": ["env.max_turns=15"], "tool_use": []}
 # --quick: the tiny policy of tests/conftest.py TINY_OVERRIDES, small worlds, short episodes
 # (household: only "place" goals, whose plans take at most 8 actions; SFT needs plan <= max_turns).
 QUICK = ["policy.tiny.hidden_size=64", "policy.tiny.num_layers=2", "policy.tiny.num_heads=2",
