@@ -306,3 +306,19 @@ def test_fact_passages_keep_held_out_facts_out_of_one_hop_training():
     held = {t.metadata["supporting_docs"][0] for t in src.tasks("heldout")}
     trained = {t.metadata["supporting_docs"][0] for t in src.tasks("train")}
     assert held and trained and not held & trained
+
+
+def test_more_held_out_tasks_move_the_cut_of_one_shuffle():
+    # held-out pairs are cut from the front of one seeded shuffle per hop count, so a config
+    # with more held-out tasks holds out a superset and trains on a subset of the pairs. The
+    # demo relies on it: SFT with policy.sft.env {num_heldout_tasks: 600} demonstrates only
+    # pairs RL also trains on, leaves 400 of RL's pairs undemonstrated and never shows a held-out
+    # one.
+    def pairs(src, split):
+        return {(t.metadata["path"][0], *t.metadata["chain"]) for t in src.tasks(split)}
+
+    kw = dict(num_entities=120, hops=(1,), passages="fact", top_k=1, max_turns=3)
+    run, demo = source(0, **kw), source(0, num_heldout_tasks=250, **kw)
+    assert pairs(run, "heldout") < pairs(demo, "heldout")
+    assert pairs(demo, "train") < pairs(run, "train")
+    assert len(pairs(run, "train") - pairs(demo, "train")) == 50
