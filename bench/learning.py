@@ -60,7 +60,7 @@ MATRIX: tuple[Cell, ...] = (
 SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_flight=4",
           "rollout.max_new_tokens=64", "rollout.num_cpus=0.5", "learner.batch_groups=4",
           "learner.lr=2e-4", "learner.loss.tis=token", "eval.num_tasks=100", "progress=none"]
-# search QA: the demo's task (docs/learning.md "Why the demo learns now"), where held-out
+# search QA: the demo's task (docs/learning.md "Making the demo learn"), where held-out
 # success needs reading and RL trains mostly on questions SFT did not show;
 # household plans take up to 10 actions (30 by default is slow on CPU for nothing)
 SEARCH_QA_AS_DEMO = ["env.num_entities=200", "env.hops=[1]", "env.passages=fact", "env.top_k=1",
