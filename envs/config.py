@@ -39,6 +39,12 @@ class SearchQAConfig(BaseModel):
     """Train tasks; once every train wording was used, they repeat in a new order."""
     num_heldout_tasks: int = Field(default=200, ge=0)
     """Held-out tasks, about (entity, relation chain) pairs no train task asks about."""
+    max_train_pairs: int | None = Field(default=None, ge=1)
+    """Synthetic world only. At most this many (entity, relation chain) pairs per hop count feed
+    the train split: the first ones after the held-out cut of the seeded shuffle. With
+    ``policy.sft.env: {num_heldout_tasks: H + N, max_train_pairs: null}`` the warm start
+    demonstrates only pairs beyond the ones RL trains on: SFT, RL and held-out pairs disjoint.
+    None: every pair not held out."""
     train_worlds: int = Field(default=0, ge=0, le=1000)
     """0: train and held-out questions share the world of ``seed`` (split by entity and relation
     chain). N > 0: train questions come from N other worlds (seeds ``seed + 1 .. seed + N``),

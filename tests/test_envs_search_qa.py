@@ -322,3 +322,19 @@ def test_more_held_out_tasks_move_the_cut_of_one_shuffle():
     assert pairs(run, "heldout") < pairs(demo, "heldout")
     assert pairs(demo, "train") < pairs(run, "train")
     assert len(pairs(run, "train") - pairs(demo, "train")) == 50
+
+
+def test_max_train_pairs_makes_demonstration_rl_and_held_out_pairs_disjoint():
+    # the demo's three sets: held-out = the first 100 pairs of the shuffle, RL's training
+    # pairs the next 100 (max_train_pairs), the warm start's demonstrations the ones after
+    def pairs(src, split):
+        return {(t.metadata["path"][0], *t.metadata["chain"]) for t in src.tasks(split)}
+
+    kw = dict(num_entities=120, hops=(1,), passages="fact", top_k=1, max_turns=3)
+    run = source(0, num_heldout_tasks=100, max_train_pairs=100, **kw)
+    demo = source(0, num_heldout_tasks=200, **kw)
+    held, rl, sft = pairs(run, "heldout"), pairs(run, "train"), pairs(demo, "train")
+    assert (len(held), len(rl), len(sft)) == (100, 100, 336 - 200)
+    assert not held & rl and not held & sft and not rl & sft
+    # every wording of the kept pairs is a training task (3 per relation)
+    assert len({t.metadata["question"] for t in run.tasks("train")}) == 300

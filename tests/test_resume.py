@@ -25,7 +25,9 @@ from replay.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.slow, requires_redis]
 
-STEPS, CHECKPOINT_EVERY = 7, 3
+# two steps between a checkpoint's first successor and the next checkpoint: the kill must land
+# in that window, and tiny-model steps take well under a second
+STEPS, CHECKPOINT_EVERY = 9, 4
 
 
 def _turnrl(config: Path, *extra: str) -> subprocess.Popen[str]:
@@ -43,25 +45,29 @@ def _trained(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def _learner_process(driver_pid: int) -> psutil.Process:
+def _learner_process() -> psutil.Process | None:
     """The Ray worker hosting this run's learner actor (its process title names the class)."""
     for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "ray::LearnerWorker" in cmdline:
+        if "ray::LearnerWorker" in " ".join(proc.info["cmdline"] or []):
             return proc
-    raise AssertionError(f"no ray::LearnerWorker process (driver pid {driver_pid})")
+    return None
 
 
-def _wait_for_step_after_checkpoint(proc: subprocess.Popen[str], run_dir: Path) -> None:
-    deadline = time.monotonic() + 400
+def _kill_learner_after_checkpoint(proc: subprocess.Popen[str], run_dir: Path) -> None:
+    """SIGKILL the learner as soon as it trained a step past its last checkpoint. The process
+    is looked up beforehand: scanning every process between seeing the step and the kill
+    let the learner reach its next checkpoint first."""
+    deadline, learner = time.monotonic() + 400, None
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the run ended early:\n{proc.stdout.read()}"
+        learner = learner or _learner_process()
         state = run_dir / "state.json"
         done = _trained(run_dir)
-        if state.exists() and done and done[-1]["step"] > json.loads(state.read_text())["step"]:
+        if learner and state.exists() and done and done[-1]["step"] > json.loads(state.read_text())["step"]:
+            learner.send_signal(signal.SIGKILL)
             return
-        time.sleep(0.05)
-    raise AssertionError("the run never trained past its first checkpoint")
+        time.sleep(0.02)
+    raise AssertionError(f"the run never trained past its first checkpoint (learner process: {learner})")
 
 
 def test_sigkill_redis_and_learner_then_resume_trains_every_group_once(
@@ -82,8 +88,7 @@ def test_sigkill_redis_and_learner_then_resume_trains_every_group_once(
 
     first = _turnrl(config)
     try:
-        _wait_for_step_after_checkpoint(first, run_dir)
-        _learner_process(first.pid).send_signal(signal.SIGKILL)
+        _kill_learner_after_checkpoint(first, run_dir)
         server.kill()  # SIGKILL, no shutdown save: only the AOF survives
         out, _ = first.communicate(timeout=180)
     finally:

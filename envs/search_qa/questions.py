@@ -123,6 +123,7 @@ def split_tasks(
     num_train: int,
     num_heldout: int,
     passages: str = "entity",
+    max_train_pairs: int | None = None,
 ) -> dict[str, list[Task]]:
     """Disjoint train/held-out tasks with hop mix ``weights``.
 
@@ -145,9 +146,8 @@ def split_tasks(
         heldout += [
             (p, rng.randrange(len(RELATIONS[p.chain[-1]].questions))) for p in pool[:n_held]
         ]
-        wordings = [
-            (p, t) for p in pool[n_held:] for t in range(len(RELATIONS[p.chain[-1]].questions))
-        ]
+        kept = pool[n_held:] if max_train_pairs is None else pool[n_held : n_held + max_train_pairs]
+        wordings = [(p, t) for p in kept for t in range(len(RELATIONS[p.chain[-1]].questions))]
         drawn: list[tuple[Path, int]] = []
         while len(drawn) < n_train:
             rng.shuffle(wordings)

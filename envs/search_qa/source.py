@@ -62,7 +62,7 @@ class SyntheticSearchQA(SearchTaskSource):
         # advances the rng between hop counts, so held-out tasks stay those of train_worlds=0.
         splits = split_tasks(
             self.world, cfg.hops, cfg.weights(), cfg.num_train_tasks, cfg.num_heldout_tasks,
-            cfg.passages,
+            cfg.passages, cfg.max_train_pairs,
         )
         if train_worlds:
             splits["train"] = spread_train_tasks(train_worlds, cfg)
@@ -97,7 +97,8 @@ def world_corpus(world: World, passages: str = "entity") -> SearchCorpus:
 def spread_train_tasks(worlds: list[World], cfg: SearchQAConfig) -> list[Task]:
     """``cfg.num_train_tasks`` training questions dealt evenly over ``worlds``, interleaved."""
     per_world = -(-cfg.num_train_tasks // len(worlds))
-    columns = [split_tasks(w, cfg.hops, cfg.weights(), per_world, 0, cfg.passages)["train"] for w in worlds]
+    columns = [split_tasks(w, cfg.hops, cfg.weights(), per_world, 0, cfg.passages, cfg.max_train_pairs)["train"]
+               for w in worlds]
     return [task for row in zip(*columns) for task in row][: cfg.num_train_tasks]
 
 
