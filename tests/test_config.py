@@ -19,6 +19,11 @@ def test_demo_config_loads_with_overrides() -> None:
     assert cfg.learner.lr == 3e-5 and cfg.train.async_ is False and cfg.rollout.group_size == 4
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    assert load_config(path, []).name
+
+
 def test_unknown_key_is_named() -> None:
     with pytest.raises(ConfigError, match=r"learner\.lrr: unknown key"):
         load_config(None, ["learner.lrr=1"])
