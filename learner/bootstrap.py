@@ -44,7 +44,8 @@ def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show
     from learner.tiny_policy import create_model, train_tokenizer
 
     t0 = time.perf_counter()
-    demo_source = demo_source or source
+    if demo_source is None:
+        demo_source = source
     texts = _corpus(source) + (_corpus(demo_source) if demo_source is not source else [])
     tokenizer = train_tokenizer(texts, cfg.tiny.vocab_size, out_dir)
     model = create_model(cfg.tiny, tokenizer, cfg.sft.seed, out_dir)

@@ -51,10 +51,12 @@ class SFTConfig(BaseModel):
     num_demos: int = Field(1000, ge=1)
     """Training tasks turned into demonstrations."""
     env: dict[str, Any] = {}
-    """Environment config keys replaced for the demonstrations, e.g. ``{seed: 1}`` to warm-start
-    on another synthetic world than the one RL trains and evaluates on. RL's training questions
-    are then new to the policy, so rewarding it can only strengthen what transfers (searching,
-    reading), not recall of answers SFT showed it. Empty: demonstrate the run's own tasks."""
+    """Environment config keys replaced for the demonstrations, so the warm start sees other
+    questions than RL trains on: e.g. ``{num_heldout_tasks: 300, max_train_pairs: null}`` with
+    the run's ``env.num_heldout_tasks: 150, env.max_train_pairs: 150`` demonstrates only facts
+    neither RL nor evaluation asks about (configs/search_qa_reading.yaml). Another world
+    (``{seed: 1}``) also works mechanically, but its policy could not read the run's world
+    (docs/learning.md). Empty: demonstrate the run's own training tasks."""
     seed: int = 0
     """Shuffling and init seed."""
 

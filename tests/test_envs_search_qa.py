@@ -47,6 +47,11 @@ def run_episode(src: SyntheticSearchQA, task: Task, actions: list[str]) -> list[
     return asyncio.run(go())
 
 
+def pairs(src: SyntheticSearchQA, split: str) -> set[tuple[str, ...]]:
+    """The (start entity name, *relation chain) pairs the tasks of ``split`` ask about."""
+    return {(t.metadata["path"][0], *t.metadata["chain"]) for t in src.tasks(split)}
+
+
 def search(query: str) -> str:
     return format_call(ToolCall(name="search", arguments={"query": query}))
 
@@ -79,8 +84,7 @@ def test_splits_are_disjoint_by_question_and_by_entity_chain():
     assert len(set(ids)) == len(ids)
     q = lambda t: t.messages[-1]["content"]  # noqa: E731
     assert not {q(t) for t in train} & {q(t) for t in held}
-    pair = lambda t: (t.metadata["path"][0], tuple(t.metadata["chain"]))  # noqa: E731
-    assert not {pair(t) for t in train} & {pair(t) for t in held}
+    assert not pairs(src, "train") & pairs(src, "heldout")
     # default hops [1, 2] with equal weights: 1000/1000 train, 100/100 held-out
     assert Counter(t.metadata["hops"] for t in train) == {1: 1000, 2: 1000}
     assert Counter(t.metadata["hops"] for t in held) == {1: 100, 2: 100}
@@ -310,13 +314,9 @@ def test_fact_passages_keep_held_out_facts_out_of_one_hop_training():
 
 def test_more_held_out_tasks_move_the_cut_of_one_shuffle():
     # held-out pairs are cut from the front of one seeded shuffle per hop count, so a config
-    # with more held-out tasks holds out a superset and trains on a subset of the pairs. The
-    # demo relies on it: SFT with policy.sft.env {num_heldout_tasks: 600} demonstrates only
-    # pairs RL also trains on, leaves 400 of RL's pairs undemonstrated and never shows a held-out
-    # one.
-    def pairs(src, split):
-        return {(t.metadata["path"][0], *t.metadata["chain"]) for t in src.tasks(split)}
-
+    # with more held-out tasks holds out a superset and trains on a subset of the pairs: a warm
+    # start with policy.sft.env {num_heldout_tasks: 250} demonstrates only pairs RL also trains
+    # on, leaves 50 of RL's pairs undemonstrated and never shows a held-out one.
     kw = dict(num_entities=120, hops=(1,), passages="fact", top_k=1, max_turns=3)
     run, demo = source(0, **kw), source(0, num_heldout_tasks=250, **kw)
     assert pairs(run, "heldout") < pairs(demo, "heldout")
@@ -327,9 +327,6 @@ def test_more_held_out_tasks_move_the_cut_of_one_shuffle():
 def test_max_train_pairs_makes_demonstration_rl_and_held_out_pairs_disjoint():
     # the demo's three sets: held-out = the first 100 pairs of the shuffle, RL's training
     # pairs the next 100 (max_train_pairs), the warm start's demonstrations the ones after
-    def pairs(src, split):
-        return {(t.metadata["path"][0], *t.metadata["chain"]) for t in src.tasks(split)}
-
     kw = dict(num_entities=120, hops=(1,), passages="fact", top_k=1, max_turns=3)
     run = source(0, num_heldout_tasks=100, max_train_pairs=100, **kw)
     demo = source(0, num_heldout_tasks=200, **kw)

@@ -80,11 +80,6 @@ def quotas(total: int, weights: list[float]) -> list[int]:
     return parts
 
 
-def fact_id(entity: int, relation: str) -> str:
-    """Passage id of one fact (``passages: fact``): its entity's document id and the relation."""
-    return f"doc{entity:04d}#{relation}"
-
-
 def make_task(world: World, path: Path, template: int, task_id: str, passages: str = "entity") -> Task:
     """The task asking ``path``'s question in wording ``template``, with its gold labels."""
     ents = path.entities(world)
@@ -92,7 +87,7 @@ def make_task(world: World, path: Path, template: int, task_id: str, passages: s
     names = [world.entities[i].name for i in ents]
     if passages == "fact":  # each hop searches its entity and relation, and retrieves that fact
         queries = [f"{n} {RELATIONS[r].label}" for n, r in zip(names, path.chain)]
-        support = [fact_id(e, r) for e, r in zip(ents, path.chain)]
+        support = [world.entities[e].fact_id(r) for e, r in zip(ents, path.chain)]
     else:
         queries = names[:-1]
         support = [world.entities[i].doc_id for i in ents[:-1]]

@@ -13,7 +13,7 @@ from typing import Any
 from envs.base import SPLITS, Environment, SplitTaskSource, Task, TaskSource, replay_gold_calls
 from envs.config import SearchQAConfig
 from envs.search_qa.env import SearchCorpus, SearchEnv
-from envs.search_qa.questions import SYSTEM_PROMPT, fact_id, split_tasks
+from envs.search_qa.questions import SYSTEM_PROMPT, split_tasks
 from envs.search_qa.retrieval import BM25Retriever
 from envs.search_qa.world import World, build_world
 
@@ -82,7 +82,7 @@ def world_corpus(world: World, passages: str = "entity") -> SearchCorpus:
     if passages == "fact":
         facts = world.facts()
         texts = [text for _, _, text in facts]
-        ids = [fact_id(e, rel) for e, rel, _ in facts]
+        ids = [world.entities[e].fact_id(rel) for e, rel, _ in facts]
         subjects = [world.entities[e].name for e, _, _ in facts]
     else:
         texts = world.documents()

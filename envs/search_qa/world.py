@@ -99,6 +99,10 @@ class Entity:
     def doc_id(self) -> str:
         return f"doc{self.index:04d}"
 
+    def fact_id(self, relation: str) -> str:
+        """Passage id of one of its facts (``passages: fact``): document id and relation."""
+        return f"{self.doc_id}#{relation}"
+
 
 @dataclass
 class World:
@@ -112,9 +116,12 @@ class World:
         entity = self.entities[index]
         article = "an" if entity.kind[0] in "aeiou" else "a"
         parts = [f"{entity.name} is {article} {entity.kind}."]
-        for rel, target in entity.relations.items():
-            parts.append(f"{RELATIONS[rel].label}: {self.entities[target].name}.")
+        parts += [self.field(rel, target) for rel, target in entity.relations.items()]
         return " ".join(parts)
+
+    def field(self, relation: str, target: int) -> str:
+        """One fact as its document shows it: ``label: value.``"""
+        return f"{RELATIONS[relation].label}: {self.entities[target].name}."
 
     def documents(self) -> list[str]:
         return [self.document(i) for i in range(len(self.entities))]
@@ -122,7 +129,7 @@ class World:
     def facts(self) -> list[tuple[int, str, str]]:
         """Every fact as (entity index, relation name, passage text), in document order."""
         return [
-            (e.index, rel, f"{e.name} {RELATIONS[rel].label}: {self.entities[target].name}.")
+            (e.index, rel, f"{e.name} {self.field(rel, target)}")
             for e in self.entities
             for rel, target in e.relations.items()
         ]
