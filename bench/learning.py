@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,11 +61,21 @@ MATRIX: tuple[Cell, ...] = (
 SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_flight=4",
           "rollout.max_new_tokens=64", "rollout.num_cpus=0.5", "learner.batch_groups=4",
           "learner.lr=2e-4", "learner.loss.tis=token", "eval.num_tasks=100", "progress=none"]
-# search QA: the demo's task (docs/learning.md "Making the demo learn"), where held-out
-# success needs reading and RL trains mostly on questions SFT did not show;
+# search QA: the demo's own task and warm start, read from configs/demo.yaml (its env and
+# policy.sft sections) so the two cannot drift apart (docs/learning.md "Making the demo learn");
 # household plans take up to 10 actions (30 by default is slow on CPU for nothing)
-SEARCH_QA_AS_DEMO = ["env.num_entities=200", "env.hops=[1]", "env.passages=fact", "env.top_k=1",
-                     "env.max_turns=3", "policy.sft.steps=500", "policy.sft.num_demos=300"]
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+def demo_task_overrides(path: Path = DEMO_CONFIG) -> list[str]:
+    """``key=value`` overrides reproducing the ``env`` and ``policy.sft`` sections of ``path``."""
+    tree = yaml.safe_load(path.read_text())
+    sections = {"env": tree["env"], "policy.sft": tree["policy"]["sft"]}
+    return [f"{prefix}.{key}={json.dumps(value)}" for prefix, section in sections.items()
+            for key, value in section.items()]
+
+
+SEARCH_QA_AS_DEMO = demo_task_overrides()
 ENV_SHARED = {"search_qa": SEARCH_QA_AS_DEMO, "household": ["env.max_turns=15"], "tool_use": []}
 # --quick: the tiny policy of tests/conftest.py TINY_OVERRIDES, small worlds, short episodes
 # (household: only "place" goals, whose plans take at most 8 actions; SFT needs plan <= max_turns).

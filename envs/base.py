@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.toolcalls import ToolCall, format_call
+from envs.toolcalls import ToolCall, format_answer, format_call
 
 
 class Task(BaseModel):
@@ -238,7 +238,7 @@ def replay_gold_calls(env: SyncEnvironment, task: Task) -> list[dict[str, Any]]:
             detail = result.observation.anchor or "the episode ended"
             raise ValueError(f"task {task.task_id}: gold call {action} failed: {detail}")
         messages += [{"role": "assistant", "content": action}, *result.observation.messages]
-    answer = f"<answer>{task.gold_answers[0]}</answer>"
+    answer = format_answer(task.gold_answers[0])
     if not env.act(answer).info.get("correct"):
         raise ValueError(f"task {task.task_id}: the gold answer did not count as a success")
     return messages + [{"role": "assistant", "content": answer}]

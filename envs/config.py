@@ -67,6 +67,14 @@ class SearchQAConfig(BaseModel):
                 )
             if sum(self.hop_weights) <= 0:
                 raise ValueError("hop_weights must not all be zero")
+        if self.data is not None:
+            synthetic_only = {"passages": "entity", "max_train_pairs": None, "train_worlds": 0}
+            set_here = [k for k, default in synthetic_only.items() if getattr(self, k) != default]
+            if set_here:
+                raise ValueError(
+                    f"{', '.join(set_here)} only shape the synthetic world, and env.data replaces it: "
+                    "remove them, or remove env.data to use the synthetic world"
+                )
         if self.data is None and self.max_turns < max(self.hops) + 1:
             raise ValueError(
                 f"max_turns={self.max_turns} is too few for {max(self.hops)}-hop questions: "

@@ -84,6 +84,11 @@ def parse_action(text: str) -> ParsedAction:
     return parsed
 
 
+def format_answer(answer: str) -> str:
+    """The action that ends an episode with ``answer``."""
+    return f"<answer>{answer}</answer>"
+
+
 def format_call(call: ToolCall) -> str:
     """Render a call the way the model is expected to write it."""
     payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)

@@ -50,6 +50,12 @@ class SFTConfig(BaseModel):
     to copy far sooner than action tokens alone; 0 gives plain action-only SFT."""
     num_demos: int = Field(1000, ge=1)
     """Training tasks turned into demonstrations."""
+    guess_fraction: float = Field(0.0, ge=0, le=1)
+    """Fraction of demonstrations (a seeded choice) that answer at once, without calling a
+    tool, with a guess (another task's gold answer). The warm start then sometimes answers
+    without looking, as instruct models do before agent training; only searching answers
+    questions about facts it has never seen, so RL has a behaviour to learn that carries over
+    to held-out questions (docs/learning.md). 0: every demonstration uses the tools."""
     env: dict[str, Any] = {}
     """Environment config keys replaced for the demonstrations, so the warm start sees other
     questions than RL trains on: e.g. ``{num_heldout_tasks: 300, max_train_pairs: null}`` with

@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 from envs.base import Task, TaskSource
+from envs.toolcalls import format_answer
 from learner.config import SFTConfig
 from rollout import chat
 
@@ -39,6 +40,33 @@ def demo_sequence(tokenizer: Any, task: Task, demo: list[dict[str, Any]]) -> tup
     return ids, mask
 
 
+def guesses(tasks: list[Task], fraction: float, seed: int) -> dict[int, str]:
+    """Task index -> the answer its demonstration guesses, for a seeded ``fraction`` of the
+    tasks: the gold answer of another task, so a guess has the form of an answer but says
+    nothing about this task's question."""
+    if fraction == 0:
+        return {}
+    pool = sorted({t.gold_answers[0] for t in tasks if t.gold_answers})
+    if len(pool) < 2:
+        raise ValueError("policy.sft.guess_fraction: guessing needs training tasks with at least two "
+                         "different gold answers; set guess_fraction to 0 for this environment")
+    rng = random.Random(seed + 1)
+    out = {}
+    for i in rng.sample(range(len(tasks)), round(fraction * len(tasks))):
+        gold = set(tasks[i].gold_answers or [])
+        out[i] = rng.choice([a for a in pool if a not in gold])
+    return out
+
+
+def demonstrations(source: TaskSource, cfg: SFTConfig) -> list[tuple[Task, list[dict[str, Any]]]]:
+    """The first ``num_demos`` training tasks with their demonstrations; a seeded
+    ``guess_fraction`` of them answer at once, without tools, with a guess."""
+    tasks = source.tasks("train")[: cfg.num_demos]
+    guessed = guesses(tasks, cfg.guess_fraction, cfg.seed)
+    return [(t, [{"role": "assistant", "content": format_answer(guessed[i])}] if i in guessed
+             else source.demonstration(t)) for i, t in enumerate(tasks)]
+
+
 def _lr_at(step: int, total: int, peak: float) -> float:
     warm = max(1, total // 20)
     if step < warm:
@@ -53,8 +81,8 @@ def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show
     from tqdm import tqdm
 
     rng = random.Random(cfg.seed)
-    tasks = source.tasks("train")[: cfg.num_demos]
-    data = [demo_sequence(tokenizer, t, source.demonstration(t)) for t in tasks]
+    demos = demonstrations(source, cfg)
+    data = [demo_sequence(tokenizer, t, demo) for t, demo in demos]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
     pad = tokenizer.pad_token_id
@@ -81,4 +109,5 @@ def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show
         ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
         bar.set_postfix(loss=f"{ema:.3f}")
     model.eval()
-    return {"sft_loss": float(ema or 0.0), "sft_demos": float(len(data))}
+    return {"sft_loss": float(ema or 0.0), "sft_demos": float(len(data)),
+            "sft_guess_demos": float(round(cfg.guess_fraction * len(demos)))}

@@ -33,3 +33,36 @@ def test_warm_start_on_another_world_trains_on_its_demonstrations(tiny_run_confi
     other = Path(ensure_policy(plain.policy, plain.env, source, show_progress=False))
     assert other != path
     assert json.loads((other / "turnrl_bootstrap.json").read_text())["sft_demos"] == 200.0
+
+
+
+def test_guess_fraction_turns_a_seeded_share_of_demonstrations_into_guesses(tiny_run_config) -> None:
+    from learner.sft import demonstrations
+
+    cfg = tiny_run_config(["policy.sft.num_demos=20", "policy.sft.guess_fraction=0.25"])
+    source = make_task_source(cfg.env)
+    demos = demonstrations(source, cfg.policy.sft)
+    golds = {t.gold_answers[0] for t in source.tasks("train")[:20]}
+    guessed = [(task, demo) for task, demo in demos if len(demo) == 1]
+    assert len(demos) == 20 and len(guessed) == 5  # round(0.25 * 20)
+    for task, demo in guessed:  # an answer at once, another task's gold, never this one's
+        assert demo[0]["role"] == "assistant" and "tool_call" not in demo[0]["content"]
+        guess = demo[0]["content"].removeprefix("<answer>").removesuffix("</answer>")
+        assert guess in golds and guess not in task.gold_answers
+    for task, demo in demos:
+        if len(demo) > 1:  # the rest are the full search-then-answer replays
+            assert demo == source.demonstration(task)
+    again = demonstrations(source, cfg.policy.sft)
+    assert [d for _, d in again] == [d for _, d in demos]  # the choice is seeded
+    none = demonstrations(source, tiny_run_config(["policy.sft.num_demos=20"]).policy.sft)
+    assert all(len(d) > 1 for _, d in none)
+
+
+def test_guess_fraction_needs_two_different_answers_to_guess_from() -> None:
+    from envs.base import Task
+    from learner.sft import guesses
+
+    tasks = [Task(task_id=f"t{i}", messages=[], gold_answers=["same"]) for i in range(4)]
+    with pytest.raises(ValueError, match=r"policy\.sft\.guess_fraction"):
+        guesses(tasks, 0.5, seed=0)
+    assert guesses(tasks, 0.0, seed=0) == {}

@@ -24,6 +24,15 @@ def test_every_shipped_config_loads(path: Path) -> None:
     assert load_config(path, []).name
 
 
+def test_learning_bench_runs_the_demo_task_and_warm_start() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.learning import demo_task_overrides
+
+    demo = load_config(ROOT / "configs" / "demo.yaml", [])
+    bench = load_config(None, demo_task_overrides(ROOT / "configs" / "demo.yaml"))
+    assert bench.env == demo.env and bench.policy.sft == demo.policy.sft
+
+
 def test_unknown_key_is_named() -> None:
     with pytest.raises(ConfigError, match=r"learner\.lrr: unknown key"):
         load_config(None, ["learner.lrr=1"])

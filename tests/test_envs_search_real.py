@@ -26,6 +26,14 @@ def config(tmp_path: Path, **data) -> SearchQAConfig:
     return SearchQAConfig(data=SearchDataConfig(**{**paths, **data}))
 
 
+def test_synthetic_world_keys_beside_data_are_a_config_error_naming_them(tmp_path):
+    data = config(tmp_path).data
+    with pytest.raises(ValueError, match=r"passages, train_worlds only shape the synthetic world"):
+        SearchQAConfig(data=data, passages="fact", train_worlds=2)
+    with pytest.raises(ValueError, match=r"max_train_pairs only shape"):
+        SearchQAConfig(data=data, max_train_pairs=10)
+
+
 def test_loads_flashrag_jsonl_and_drops_heldout_questions_seen_in_train(tmp_path):
     src = make_task_source(config(tmp_path))
     train, held = src.tasks("train"), src.tasks("heldout")
