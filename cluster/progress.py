@@ -52,8 +52,27 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_curves(metrics_path: Path, out_png: Path, eval_points: list[tuple[float, float]] = ()) -> Path:
-    """Reward and success against samples; held-out points (samples, success) as markers."""
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value and up to ``window - 1`` before it, NaNs skipped (NaN if all are)."""
+    out = []
+    for i in range(len(values)):
+        part = [v for v in values[max(0, i - window + 1): i + 1] if not math.isnan(v)]
+        out.append(sum(part) / len(part) if part else math.nan)
+    return out
+
+
+_PANELS = (  # (title, [(metrics key, label)], y label)
+    ("success", [("rollout/success_rate", "training success")], "rate"),
+    ("reward", [("reward/outcome_mean", "mean outcome reward")], "reward"),
+    ("behaviour", [("rollout/turns_mean", "turns per episode"),
+                   ("rollout/invalid_rate", "invalid-action rate")], "per episode / rate"),
+)
+
+
+def plot_curves(metrics_path: Path, out_png: Path, eval_points: list[tuple[float, float]] = (),
+                window: int = 10) -> Path:
+    """Per-step training metrics (faint) with their ``window``-step rolling mean against
+    trajectories trained; held-out points (samples, success) as markers on the first panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,17 +83,21 @@ def plot_curves(metrics_path: Path, out_png: Path, eval_points: list[tuple[float
     for r in rows:
         acc += r.get("samples", 0.0)
         samples.append(acc)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, key, label in ((axes[0], "reward/outcome_mean", "mean outcome reward"),
-                           (axes[1], "rollout/success_rate", "training success rate")):
-        ax.plot(samples, [r.get(key, math.nan) for r in rows], marker=".", label=label)
-        ax.set_xlabel("trajectories trained")
-        ax.set_title(label)
+    fig, axes = plt.subplots(1, len(_PANELS), figsize=(15, 3.8))
+    for ax, (title, series, ylabel) in zip(axes, _PANELS):
+        for i, (key, label) in enumerate(series):
+            color = f"C{i}"
+            values = [float(r.get(key, math.nan)) for r in rows]
+            ax.plot(samples, values, color=color, alpha=0.25, linewidth=0.8)
+            ax.plot(samples, rolling_mean(values, window), color=color, linewidth=2,
+                    label=f"{label} ({window}-step mean)")
+        ax.set(title=title, xlabel="trajectories trained", ylabel=ylabel)
         ax.grid(alpha=0.3)
     if eval_points:
         xs, ys = zip(*eval_points)
-        axes[1].plot(xs, ys, "s--", color="tab:red", label="held-out success")
-    axes[1].legend(loc="lower right")
+        axes[0].plot(xs, ys, "s--", color="tab:red", label="held-out success")
+    for ax in axes:
+        ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
