@@ -47,14 +47,17 @@ def guesses(tasks: list[Task], fraction: float, seed: int) -> dict[int, str]:
     if fraction == 0:
         return {}
     pool = sorted({t.gold_answers[0] for t in tasks if t.gold_answers})
-    if len(pool) < 2:
-        raise ValueError("policy.sft.guess_fraction: guessing needs training tasks with at least two "
-                         "different gold answers; set guess_fraction to 0 for this environment")
     rng = random.Random(seed + 1)
     out = {}
     for i in rng.sample(range(len(tasks)), round(fraction * len(tasks))):
-        gold = set(tasks[i].gold_answers or [])
-        out[i] = rng.choice([a for a in pool if a not in gold])
+        others = [a for a in pool if a not in (tasks[i].gold_answers or [])]
+        if not others:
+            raise ValueError(
+                f"policy.sft.guess_fraction: no wrong answer to guess for {tasks[i].task_id} (the "
+                "training tasks need gold answers other than its own); set guess_fraction to 0 "
+                "for this environment"
+            )
+        out[i] = rng.choice(others)
     return out
 
 
