@@ -65,7 +65,7 @@ SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_fl
 # search QA: the demo's own task and warm start, read from configs/demo.yaml (its env and
 # policy.sft sections) so the two cannot drift apart (docs/learning.md "Making the demo learn");
 # household plans take up to 10 actions (30 by default is slow on CPU for nothing)
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
 
 
 def demo_task_overrides(path: Path = DEMO_CONFIG) -> list[str]:

@@ -68,8 +68,9 @@ class SearchQAConfig(BaseModel):
             if sum(self.hop_weights) <= 0:
                 raise ValueError("hop_weights must not all be zero")
         if self.data is not None:
-            synthetic_only = {"passages": "entity", "max_train_pairs": None, "train_worlds": 0}
-            set_here = [k for k, default in synthetic_only.items() if getattr(self, k) != default]
+            synthetic_only = ("passages", "max_train_pairs", "train_worlds")
+            fields = type(self).model_fields
+            set_here = [k for k in synthetic_only if getattr(self, k) != fields[k].default]
             if set_here:
                 raise ValueError(
                     f"{', '.join(set_here)} only shape the synthetic world, and env.data replaces it: "

@@ -35,7 +35,6 @@ def test_warm_start_on_another_world_trains_on_its_demonstrations(tiny_run_confi
     assert json.loads((other / "turnrl_bootstrap.json").read_text())["sft_demos"] == 200.0
 
 
-
 def test_guess_fraction_turns_a_seeded_share_of_demonstrations_into_guesses(tiny_run_config) -> None:
     from learner.sft import demonstrations
 

@@ -25,7 +25,6 @@ def test_every_shipped_config_loads(path: Path) -> None:
 
 
 def test_learning_bench_runs_the_demo_task_and_warm_start() -> None:
-    sys.path.insert(0, str(ROOT))
     from bench.learning import demo_task_overrides
 
     demo = load_config(ROOT / "configs" / "demo.yaml", [])
