@@ -47,7 +47,7 @@ def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show
     if demo_source is None:
         demo_source = source
     texts = _corpus(source) + (_corpus(demo_source) if demo_source is not source else [])
-    tokenizer = train_tokenizer(texts, cfg.tiny.vocab_size, out_dir)
+    tokenizer = train_tokenizer(texts, cfg.tiny.vocab_size, out_dir, cfg.tiny.split_digits)
     model = create_model(cfg.tiny, tokenizer, cfg.sft.seed, out_dir)
     stats = {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)}
     if cfg.sft.enabled and cfg.sft.steps > 0:

@@ -29,6 +29,12 @@ class TinyModelConfig(BaseModel):
     """Target size of the byte-level BPE vocabulary trained on the environment's text."""
     max_positions: int = Field(2048, ge=64)
     """Longest context the model supports."""
+    split_digits: bool = False
+    """Tokenize every digit on its own. Numbers then share ten well-trained tokens, so a tiny
+    model copies any number from a question or a tool's output digit by digit; with merged
+    digit runs ("0015") each number is its own rare token, and copying fails
+    (docs/learning.md, tool use). Off by default: it lengthens sequences, and text tasks do
+    not need it."""
 
 
 class SFTConfig(BaseModel):

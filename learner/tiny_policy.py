@@ -49,8 +49,9 @@ You may call tools.{{ tool_text }}<|im_end|>
 {% endif -%}"""
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
-    """Train a byte-level BPE on ``texts`` and save it as a fast HF tokenizer."""
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path, split_digits: bool = False):
+    """Train a byte-level BPE on ``texts`` and save it as a fast HF tokenizer; with
+    ``split_digits`` every digit is its own piece, never merged."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -58,10 +59,12 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
     # Every space and punctuation mark is its own piece, so a word gets the same tokens
     # wherever it stands (" Vedor" in a document, "Vedor" after a quote or a tag): a tiny
     # model then only has to learn to copy, not to map between spellings of the same name.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\s|[^\w\s]"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    pieces = [pre_tokenizers.Split(Regex(r"\s|[^\w\s]"), behavior="isolated")]
+    if split_digits:
+        pieces.append(pre_tokenizers.Digits(individual_digits=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [*pieces, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -65,3 +65,26 @@ def test_guess_fraction_needs_two_different_answers_to_guess_from() -> None:
     with pytest.raises(ValueError, match=r"policy\.sft\.guess_fraction"):
         guesses(tasks, 0.5, seed=0)
     assert guesses(tasks, 0.0, seed=0) == {}
+
+
+def test_split_digits_gives_every_digit_its_own_token_in_the_saved_tokenizer(policy_cache) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    from cluster.config import load_config
+
+    def tokenizer(overrides: list[str]) -> PreTrainedTokenizerFast:
+        # tool use: prices, quantities and tool outputs give BPE digit runs to merge
+        cfg = load_config(None, ["env.type=tool_use", "env.num_train_tasks=40", "env.num_heldout_tasks=5",
+                                 "policy.tiny.vocab_size=600", "policy.sft.enabled=false",
+                                 f"policy.cache_dir={policy_cache}", *overrides])
+        path = Path(ensure_policy(cfg.policy, cfg.env, make_task_source(cfg.env), show_progress=False))
+        return PreTrainedTokenizerFast.from_pretrained(path)  # reloaded through the real path
+
+    def digit_runs(tok: PreTrainedTokenizerFast) -> list[str]:
+        return [t for t in tok.get_vocab() if len(t) > 1 and t.isdigit()]
+
+    split, merged = tokenizer(["policy.tiny.split_digits=true"]), tokenizer([])
+    ids = split("born 1843.25", add_special_tokens=False)["input_ids"]
+    assert split.convert_ids_to_tokens(ids)[-7:] == ["1", "8", "4", "3", ".", "2", "5"]
+    assert digit_runs(split) == []
+    assert len(digit_runs(merged)) > 10  # with the option off, BPE merges frequent digit runs

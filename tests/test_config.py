@@ -32,6 +32,18 @@ def test_learning_bench_runs_the_demo_task_and_warm_start() -> None:
     assert bench.env == demo.env and bench.policy.sft == demo.policy.sft
 
 
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_learning_bench_cell_is_a_valid_config(quick: bool) -> None:
+    from bench.learning import MATRIX, cell_overrides, parse_args
+
+    args = parse_args(["--quick"] if quick else [])
+    for cell in MATRIX:
+        cfg = load_config(None, cell_overrides(cell, 0, args))
+        assert (cfg.env.type, cfg.learner.estimator.type) == (cell.env, cell.estimator)
+        if cell.env == "tool_use" and not quick:
+            assert cfg.policy.tiny.split_digits and cfg.env.max_calls == 2
+
+
 def test_unknown_key_is_named() -> None:
     with pytest.raises(ConfigError, match=r"learner\.lrr: unknown key"):
         load_config(None, ["learner.lrr=1"])
