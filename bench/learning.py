@@ -56,26 +56,35 @@ MATRIX: tuple[Cell, ...] = (
     Cell("tool_use", "matchtir", ("rewards.match={}",)),
 )
 
-# The full run: configs/demo.yaml's rollout and learner settings, on every environment, except
-# max_new_tokens (64, the default): tool-use actions of the tiny tokenizer run to ~50 tokens.
-SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_flight=4",
-          "rollout.max_new_tokens=64", "rollout.num_cpus=0.5", "rollout.temperature=0.7",
-          "eval.temperature=0.7", "learner.batch_groups=4",
-          "learner.lr=2e-4", "learner.loss.tis=token", "eval.num_tasks=100", "progress=none"]
-# search QA: the demo's own task and warm start, read from configs/demo.yaml (its env and
-# policy.sft sections) so the two cannot drift apart (docs/learning.md "Making the demo learn");
-# household plans take up to 10 actions (30 by default is slow on CPU for nothing)
 DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
 
 
-def demo_task_overrides(path: Path = DEMO_CONFIG) -> list[str]:
-    """``key=value`` overrides reproducing the ``env`` and ``policy.sft`` sections of ``path``."""
+def demo_overrides(sections: tuple[str, ...], path: Path = DEMO_CONFIG) -> list[str]:
+    """``key=value`` overrides reproducing the dotted ``sections`` of ``path`` (e.g.
+    ``policy.sft``), read from the file so the bench and the demo cannot drift apart."""
     tree = yaml.safe_load(path.read_text())
-    sections = {"env": tree["env"], "policy.sft": tree["policy"]["sft"]}
-    return [f"{prefix}.{key}={json.dumps(value)}" for prefix, section in sections.items()
-            for key, value in section.items()]
+    out = []
+    for prefix in sections:
+        section = tree
+        for part in prefix.split("."):
+            section = section[part]
+        out += [f"{prefix}.{key}={json.dumps(value)}" for key, value in section.items()]
+    return out
 
 
+def demo_task_overrides(path: Path = DEMO_CONFIG) -> list[str]:
+    """The demo's task and warm start: its ``env`` and ``policy.sft`` sections."""
+    return demo_overrides(("env", "policy.sft"), path)
+
+
+# The full run: configs/demo.yaml's rollout settings and learner loss on every environment, except
+# max_new_tokens (64, the default): tool-use actions of the tiny tokenizer run to ~50 tokens.
+SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_flight=4",
+          "rollout.max_new_tokens=64", "rollout.num_cpus=0.5", "rollout.temperature=0.7",
+          "eval.temperature=0.7", "learner.batch_groups=4", "learner.lr=2e-4",
+          *demo_overrides(("learner.loss",)), "eval.num_tasks=100", "progress=none"]
+# search QA: the demo's own task and warm start (docs/learning.md "Making the demo learn");
+# household plans take up to 10 actions (30 by default is slow on CPU for nothing)
 SEARCH_QA_AS_DEMO = demo_task_overrides()
 # tool use: two-call questions (3 turns) and a digit-level tokenizer, so the warm start copies
 # numbers from the question and tool outputs: 0.34 held-out after 1500 SFT steps, where merged

@@ -30,6 +30,11 @@ def test_learning_bench_runs_the_demo_task_and_warm_start() -> None:
     demo = load_config(ROOT / "configs" / "demo.yaml", [])
     bench = load_config(None, demo_task_overrides(ROOT / "configs" / "demo.yaml"))
     assert bench.env == demo.env and bench.policy.sft == demo.policy.sft
+    from bench.learning import MATRIX, cell_overrides, parse_args
+
+    for cell in MATRIX:  # every cell trains with the demo's loss (KL, aggregation, TIS)
+        cfg = load_config(None, cell_overrides(cell, 0, parse_args([])))
+        assert cfg.learner.loss == demo.learner.loss and cfg.learner.lr == demo.learner.lr
 
 
 @pytest.mark.parametrize("quick", [False, True])
