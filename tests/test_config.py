@@ -25,13 +25,11 @@ def test_every_shipped_config_loads(path: Path) -> None:
 
 
 def test_learning_bench_runs_the_demo_task_and_warm_start() -> None:
-    from bench.learning import demo_task_overrides
+    from bench.learning import MATRIX, cell_overrides, demo_task_overrides, parse_args
 
     demo = load_config(ROOT / "configs" / "demo.yaml", [])
     bench = load_config(None, demo_task_overrides(ROOT / "configs" / "demo.yaml"))
     assert bench.env == demo.env and bench.policy.sft == demo.policy.sft
-    from bench.learning import MATRIX, cell_overrides, parse_args
-
     for cell in MATRIX:  # every cell trains with the demo's loss (KL, aggregation, TIS)
         cfg = load_config(None, cell_overrides(cell, 0, parse_args([])))
         assert cfg.learner.loss == demo.learner.loss
