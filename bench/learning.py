@@ -208,7 +208,8 @@ def ig_problem(cell: Cell, args: argparse.Namespace) -> str | None:
 
         cfg = load_config(None, cell_overrides(cell, 0, args))
         source = make_task_source(cfg.env)
-        policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=False)
+        policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=False,
+                               history_turns=cfg.rollout.history_turns)
         scorer = ModelScorer(cfg.rewards, str(policy))
         ids = lambda text: scorer.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         task = source.tasks("train")[0]

@@ -153,7 +153,8 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     source = make_task_source(cfg.env)
     check_requirements(cfg, source)
     on_stage(f"[1/5] policy: {cfg.policy.path}")
-    policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar")
+    policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar",
+                           history_turns=cfg.rollout.history_turns)
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
     actors = start_actors(cfg, str(policy), str(run_dir), run_id, resume=resume)

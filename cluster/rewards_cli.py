@@ -52,7 +52,8 @@ def _policy_and_source(cfg: RunConfig) -> tuple[str, Any]:
     from learner.bootstrap import ensure_policy
 
     source = make_task_source(cfg.env)
-    path = ensure_policy(cfg.policy, cfg.env, source, show_progress=False)
+    path = ensure_policy(cfg.policy, cfg.env, source, show_progress=False,
+                         history_turns=cfg.rollout.history_turns)
     return str(path), source
 
 

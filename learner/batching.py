@@ -1,8 +1,10 @@
 """Trajectories plus per-turn advantages -> right-padded token tensors for the loss.
 
-Positions are shifted once here: entry ``j`` of every per-token tensor describes the token at
-``input_ids[:, j + 1]`` (the one predicted from position ``j``). Turn advantages are broadcast to
-their turn's action tokens only; prompt and observation tokens keep attention but get mask 0.
+A trajectory is one row, or, when its turns were sampled from a history window, one row per
+context (``Trajectory.segments``). Positions are shifted once here: entry ``j`` of every
+per-token tensor describes the token at ``input_ids[:, j + 1]`` (the one predicted from
+position ``j``). Turn advantages are broadcast to their turn's action tokens only; prompt,
+observation and context-turn tokens keep attention but get mask 0.
 """
 
 from __future__ import annotations
@@ -44,11 +46,10 @@ class TokenBatch:
         return TokenBatch(**out)
 
 
-def _per_token(traj: Trajectory, turn_values: np.ndarray, fill: float) -> list[float]:
-    vals = [fill] * len(traj.prompt_ids)
-    for t, turn in enumerate(traj.turns):
-        vals += [float(turn_values[t])] * len(turn.action_ids) + [fill] * len(turn.observation_ids)
-    return vals
+def _row_values(owner: list[int], values: np.ndarray, offset: int, fill: float) -> list[float]:
+    """Per token: the value of the trained turn that owns it (``values[offset + turn]``), else
+    ``fill``."""
+    return [float(values[offset + t]) if t >= 0 else fill for t in owner]
 
 
 def build_token_batch(
@@ -59,34 +60,37 @@ def build_token_batch(
     clip_low: np.ndarray | None = None,
     clip_high: np.ndarray | None = None,
 ) -> TokenBatch:
-    """``turn_*`` arrays have one entry per turn, trajectories concatenated in order."""
-    n = len(trajs)
-    width = max(len(t.token_ids()) for t in trajs)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    """``turn_*`` arrays have one entry per turn, trajectories concatenated in order. Each
+    trajectory gives one row per ``Trajectory.segments()`` entry: one row unless its turns
+    were sampled from a history window."""
+    rows: list[tuple[list[int], list[int], Trajectory, int]] = []
+    offset = 0
+    for traj in trajs:
+        rows += [(*traj.row(seg), traj, offset) for seg in traj.segments()]
+        offset += len(traj.turns)
+    n, width = len(rows), max(len(ids) for ids, *_ in rows)
+    ids_t = torch.full((n, width), pad_id, dtype=torch.long)
     att = torch.zeros((n, width), dtype=torch.long)
     per_tok = {k: torch.zeros((n, width)) for k in ("mask", "beh", "adv", "tid", "lo", "hi")}
-    offset = 0
-    for i, traj in enumerate(trajs):
-        k = len(traj.turns)
-        seq = traj.token_ids()
-        ids[i, : len(seq)] = torch.tensor(seq)
-        att[i, : len(seq)] = 1
-        tmask = turn_mask[offset : offset + k].astype(float)
-        mask = np.array(traj.loss_mask(), dtype=float) * np.array(_per_token(traj, tmask, 0.0))
-        per_tok["mask"][i, : len(seq)] = torch.tensor(mask)
-        per_tok["beh"][i, : len(seq)] = torch.tensor(traj.behaviour_logprobs())
-        per_tok["adv"][i, : len(seq)] = torch.tensor(_per_token(traj, turn_adv[offset : offset + k], 0.0))
-        gids = np.arange(offset, offset + k, dtype=float)
-        per_tok["tid"][i, : len(seq)] = torch.tensor(_per_token(traj, gids, -1.0))
-        if clip_low is not None and clip_high is not None:
-            per_tok["lo"][i, : len(seq)] = torch.tensor(_per_token(traj, clip_low[offset : offset + k], 0.0))
-            per_tok["hi"][i, : len(seq)] = torch.tensor(_per_token(traj, clip_high[offset : offset + k], 0.0))
-        offset += k
+    has_clip = clip_low is not None and clip_high is not None
+    tids = np.arange(offset, dtype=float)
+    for i, (ids, owner, traj, off) in enumerate(rows):
+        length = len(ids)
+        ids_t[i, :length] = torch.tensor(ids)
+        att[i, :length] = 1
+        per_tok["mask"][i, :length] = torch.tensor(_row_values(owner, turn_mask.astype(float), off, 0.0))
+        per_tok["adv"][i, :length] = torch.tensor(_row_values(owner, turn_adv, off, 0.0))
+        per_tok["tid"][i, :length] = torch.tensor(_row_values(owner, tids, off, -1.0))
+        trained = sorted({t for t in owner if t >= 0})
+        beh = [lp for t in trained for lp in traj.turns[t].action_logprobs]
+        per_tok["beh"][i, :length][torch.tensor(owner) >= 0] = torch.tensor(beh, dtype=torch.float32)
+        if has_clip:
+            per_tok["lo"][i, :length] = torch.tensor(_row_values(owner, clip_low, off, 0.0))
+            per_tok["hi"][i, :length] = torch.tensor(_row_values(owner, clip_high, off, 0.0))
     mask = per_tok["mask"][:, 1:]
     tid = torch.where(mask > 0, per_tok["tid"][:, 1:], torch.full_like(mask, -1.0)).long()
-    has_clip = clip_low is not None and clip_high is not None
     return TokenBatch(
-        input_ids=ids, attention_mask=att, loss_mask=mask, behaviour=per_tok["beh"][:, 1:],
+        input_ids=ids_t, attention_mask=att, loss_mask=mask, behaviour=per_tok["beh"][:, 1:],
         advantages=per_tok["adv"][:, 1:], turn_ids=tid,
         clip_low=per_tok["lo"][:, 1:] if has_clip else None,
         clip_high=per_tok["hi"][:, 1:] if has_clip else None,

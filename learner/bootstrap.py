@@ -20,12 +20,12 @@ from learner.config import PolicyConfig
 
 BOOTSTRAP_VERSION = 4  # bump when the tokenizer, template or SFT recipe changes
 
-def cache_key(cfg: PolicyConfig, env_fingerprint: str) -> str:
-    blob = json.dumps(
-        {"v": BOOTSTRAP_VERSION, "tiny": cfg.tiny.model_dump(), "sft": cfg.sft.model_dump(),
-         "env": env_fingerprint},
-        sort_keys=True,
-    )
+def cache_key(cfg: PolicyConfig, env_fingerprint: str, history_turns: int | None = None) -> str:
+    shape = {"v": BOOTSTRAP_VERSION, "tiny": cfg.tiny.model_dump(), "sft": cfg.sft.model_dump(),
+             "env": env_fingerprint}
+    if history_turns is not None:  # absent when None, so whole-episode policies keep their keys
+        shape["history_turns"] = history_turns
+    blob = json.dumps(shape, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 def _corpus(source: TaskSource) -> list[str]:
@@ -37,9 +37,9 @@ def _corpus(source: TaskSource) -> list[str]:
     return texts
 
 def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show_progress: bool,
-                      demo_source: TaskSource | None = None) -> dict:
+                      demo_source: TaskSource | None = None, history_turns: int | None = None) -> dict:
     """Tokenizer from the text of ``source`` (and ``demo_source``), random init, SFT on
-    demonstrations of ``demo_source`` (default ``source``)."""
+    demonstrations of ``demo_source`` (default ``source``) windowed by ``history_turns``."""
     from learner.sft import run_sft
     from learner.tiny_policy import create_model, train_tokenizer
 
@@ -54,7 +54,7 @@ def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show
         import torch
 
         torch.manual_seed(cfg.sft.seed)
-        stats |= run_sft(model, tokenizer, demo_source, cfg.sft, show_progress)
+        stats |= run_sft(model, tokenizer, demo_source, cfg.sft, show_progress, history_turns)
         model.save_pretrained(out_dir)
     stats["build_s"] = time.perf_counter() - t0
     (out_dir / "turnrl_bootstrap.json").write_text(json.dumps(stats, indent=2))
@@ -74,14 +74,17 @@ def demo_env_config(cfg: PolicyConfig, env_cfg: BaseModel) -> BaseModel | None:
         raise ValueError(f"{problems} (keys of the {env_cfg.type} environment config)") from exc
 
 
-def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, show_progress: bool = True) -> Path:
-    """Local folder holding the policy's weights and tokenizer; ``source`` is ``env_cfg``'s."""
+def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, show_progress: bool = True,
+                  history_turns: int | None = None) -> Path:
+    """Local folder holding the policy's weights and tokenizer; ``source`` is ``env_cfg``'s.
+    ``history_turns`` is the rollouts' window (``rollout.history_turns``): SFT trains on the
+    contexts the policy will act from."""
     if not cfg.path.startswith("builtin:"):
         return Path(cfg.path) if Path(cfg.path).exists() else cfg.path  # hub id
     if cfg.path != "builtin:tiny":
         raise ValueError(f"policy.path: unknown builtin {cfg.path!r}; known: ['builtin:tiny']")
     demo_cfg = demo_env_config(cfg, env_cfg)
-    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json())
+    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json(), history_turns)
     if (final / "turnrl_bootstrap.json").exists():
         return final
     tmp = final.with_name(final.name + f".tmp{time.time_ns()}")
@@ -90,7 +93,7 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
         from envs.registry import make_task_source
 
         demo_source = make_task_source(demo_cfg) if demo_cfg is not None else None
-        build_tiny_policy(cfg, source, tmp, show_progress, demo_source)
+        build_tiny_policy(cfg, source, tmp, show_progress, demo_source, history_turns)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

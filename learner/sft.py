@@ -2,7 +2,8 @@
 
 Each demonstration is laid out with the rollout's own token path (``rollout.chat``): prompt,
 then per assistant message its action tokens (trained) and the observation tokens that follow
-(attended, no loss). So SFT and RL see identical token sequences for identical episodes.
+(attended, no loss). So SFT and RL see identical token sequences for identical episodes. With
+a history window the demonstration is cut into the same per-context rows the learner trains.
 """
 
 from __future__ import annotations
@@ -15,29 +16,38 @@ from envs.base import Task, TaskSource
 from envs.toolcalls import format_answer
 from learner.config import SFTConfig
 from rollout import chat
+from rollout.trajectory import Trajectory, Turn, window_start
 
 
-def demo_sequence(tokenizer: Any, task: Task, demo: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of one demonstration."""
-    ids = chat.prompt_ids(tokenizer, task.messages, task.tools)
-    mask = [0] * len(ids)
+def demo_trajectory(tokenizer: Any, task: Task, demo: list[dict[str, Any]],
+                    history_turns: int | None = None) -> Trajectory:
+    """``demo`` as the trajectory a rollout that took its actions would record (behaviour
+    log-probs 0), each turn's context windowed as ``rollout.history_turns`` windows it."""
+    traj = Trajectory(trajectory_id=f"demo:{task.task_id}", task_id=task.task_id,
+                      group_id="demo", prompt_ids=chat.prompt_ids(tokenizer, task.messages, task.tools))
     i = 0
     while i < len(demo):
-        msg = demo[i]
-        if msg["role"] != "assistant":
+        if demo[i]["role"] != "assistant":
             raise ValueError(f"demonstration for {task.task_id}: expected an assistant message at {i}")
-        act = chat.action_ids(tokenizer, msg["content"])
-        ids += act
-        mask += [1] * len(act)
+        act = chat.action_ids(tokenizer, demo[i]["content"])
         j = i + 1
         while j < len(demo) and demo[j]["role"] != "assistant":
             j += 1
-        if j > i + 1:
-            obs = chat.observation_ids(tokenizer, demo[i + 1 : j], action_ended=True)
-            ids += obs
-            mask += [0] * len(obs)
+        obs = chat.observation_ids(tokenizer, demo[i + 1 : j], action_ended=True) if j > i + 1 else []
+        traj.turns.append(Turn(action_ids=act, action_logprobs=[0.0] * len(act), policy_version=0,
+                               observation_ids=obs,
+                               context_start=window_start(len(traj.turns), history_turns)))
         i = j
-    return ids, mask
+    return traj
+
+
+def demo_rows(tokenizer: Any, task: Task, demo: list[dict[str, Any]],
+              history_turns: int | None = None) -> list[tuple[list[int], list[int]]]:
+    """(token ids, action mask) of each training row of one demonstration: one row, or one
+    per context with a history window, exactly as the learner lays out rollouts."""
+    traj = demo_trajectory(tokenizer, task, demo, history_turns)
+    rows = [traj.row(seg) for seg in traj.segments()]
+    return [(ids, [int(t >= 0) for t in owner]) for ids, owner in rows]
 
 
 def guesses(tasks: list[Task], fraction: float, seed: int) -> dict[int, str]:
@@ -78,21 +88,24 @@ def _lr_at(step: int, total: int, peak: float) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show_progress: bool = True) -> dict[str, float]:
-    """Fine-tune ``model`` in place on demonstrations of training tasks; returns final stats."""
+def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show_progress: bool = True,
+            history_turns: int | None = None) -> dict[str, float]:
+    """Fine-tune ``model`` in place on demonstrations of training tasks, windowed as the
+    rollouts will be (``history_turns``); returns final stats. A batch samples
+    ``batch_size`` demonstrations and trains all their rows."""
     import torch
     from tqdm import tqdm
 
     rng = random.Random(cfg.seed)
     demos = demonstrations(source, cfg)
-    data = [demo_sequence(tokenizer, t, demo) for t, demo in demos]
+    data = [demo_rows(tokenizer, t, demo, history_turns) for t, demo in demos]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
     pad = tokenizer.pad_token_id
     bar = tqdm(range(cfg.steps), desc="sft", unit="step", disable=not show_progress, dynamic_ncols=True)
     ema = None
     for step in bar:
-        batch = rng.sample(data, min(cfg.batch_size, len(data)))
+        batch = [row for rows in rng.sample(data, min(cfg.batch_size, len(data))) for row in rows]
         width = max(len(ids) for ids, _ in batch)
         inp = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
         att = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])

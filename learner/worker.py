@@ -135,11 +135,14 @@ class LearnerWorker:
         t1 = time.perf_counter()
         total_tokens, sums = max(tb.num_tokens, 1.0), {}
         self.engine.train()
-        for start in range(0, len(trajs), self.cfg.micro_batch_size):
-            mb = tb.rows(start, min(start + self.cfg.micro_batch_size, len(trajs)))
+        n_rows = tb.input_ids.size(0)
+        # Always self.micro_batches slices: DeepSpeed steps the optimizer after that many
+        # backward passes, and windowed trajectories give more rows than trajectories.
+        for part in np.array_split(np.arange(n_rows), self.micro_batches):
+            mb = tb.rows(int(part[0]), int(part[-1]) + 1)
             loss, m = self._micro_step(mb)
             share = (mb.num_tokens / total_tokens if self.cfg.loss.type != "ppo" or self.cfg.loss.agg == "token-mean"
-                     else mb.input_ids.size(0) / len(trajs))
+                     else mb.input_ids.size(0) / n_rows)
             self.engine.backward(loss * share * self.micro_batches)
             self.engine.step()
             for k, v in m.items():
@@ -149,7 +152,8 @@ class LearnerWorker:
                 "loss/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "adv/mean": float(res.advantages[mask].mean()) if mask.any() else 0.0,
                 "adv/abs_mean": float(np.abs(res.advantages[mask]).mean()) if mask.any() else 0.0,
-                "time/advantages_s": t1 - t0, "tokens/trained": tb.num_tokens}
+                "time/advantages_s": t1 - t0, "tokens/trained": tb.num_tokens,
+                "tokens/rows": float(n_rows), "tokens/row_width": float(tb.input_ids.size(1))}
 
     def _micro_step(self, mb: TokenBatch) -> tuple[torch.Tensor, dict[str, float]]:
         out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask)

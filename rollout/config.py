@@ -63,6 +63,13 @@ class RolloutConfig(BaseModel):
     """Most tokens one assistant turn may generate."""
     max_context_tokens: int = Field(1024, ge=32)
     """An episode stops (finish_reason max_tokens) before its context exceeds this."""
+    history_turns: int | None = Field(None, ge=0)
+    """Earlier turns each action sees besides the opening messages; None: the whole episode.
+    With k, turn t is sampled from the prompt plus turns t-k .. t-1, as GiGPO's and HGPO's
+    ALFWorld agents are, so long episodes fit a bounded context. The learner and the SFT warm
+    start then train each turn on exactly that context (one row for turns 0..k, then one per
+    turn), and ``seq-mean-*`` loss aggregations average over those rows. Reward scorers (IG,
+    PRM, judge) still read the whole episode."""
     engine: EngineConfig = HFEngineConfig()
     """Inference engine settings."""
     num_cpus: float = Field(0.5, gt=0)

@@ -1,5 +1,9 @@
 """One multi-turn episode: engine and environment alternate, tokens are appended, never rebuilt.
 
+Each action is sampled from the opening prompt plus the episode so far, or, with
+``history_turns=k``, plus only the last k turns: contexts stay bounded however long the
+episode runs, and each turn records where its context began (``Turn.context_start``).
+
 An exception from the environment (or the engine) ends only this episode: the trajectory comes
 back with ``finish_reason="error"`` and the error text, and the run goes on.
 """
@@ -9,12 +13,12 @@ from __future__ import annotations
 import time
 import traceback
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from envs.base import Environment, Task
 from rollout import chat
 from rollout.engines.base import Engine, SamplingParams
-from rollout.trajectory import Trajectory, Turn
+from rollout.trajectory import Trajectory, Turn, window_start
 
 _MIN_TURN_BUDGET = 4
 
@@ -27,8 +31,10 @@ async def run_episode(
     *,
     group_id: str,
     max_context_tokens: int,
+    history_turns: int | None = None,
 ) -> Trajectory:
-    """Play ``task`` to the end (answer, turn limit, context limit or error)."""
+    """Play ``task`` to the end (answer, turn limit, context limit or error). Each action
+    sees the prompt and the last ``history_turns`` turns (None: all)."""
     tok = engine.tokenizer
     traj = Trajectory(
         trajectory_id=uuid.uuid4().hex, task_id=task.task_id, group_id=group_id, prompt_ids=[],
@@ -38,7 +44,8 @@ async def run_episode(
     try:
         obs = await env.reset(task)
         traj.prompt_ids = chat.prompt_ids(tok, task.messages, task.tools)
-        await _play(engine, env, traj, obs.anchor, params, max_context_tokens, timings)
+        window = _Window(max_context_tokens, history_turns)
+        await _play(engine, env, traj, obs.anchor, params, window, timings)
     except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the run
         traj.finish_reason = "error"
         traj.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
@@ -48,17 +55,24 @@ async def run_episode(
     return traj
 
 
+@dataclass(frozen=True)
+class _Window:
+    max_tokens: int
+    history_turns: int | None
+
+
 async def _play(engine: Engine, env: Environment, traj: Trajectory, anchor: str,
-                params: SamplingParams, max_context: int, timings: dict[str, float]) -> None:
+                params: SamplingParams, window: _Window, timings: dict[str, float]) -> None:
     tok = engine.tokenizer
-    length = len(traj.prompt_ids)
-    for _ in range(env.max_turns):
-        budget = min(params.max_new_tokens, max_context - length)
+    for t in range(env.max_turns):
+        start = window_start(t, window.history_turns)
+        context = traj.context_ids(start, t)
+        budget = min(params.max_new_tokens, window.max_tokens - len(context))
         if budget < _MIN_TURN_BUDGET:
             traj.finish_reason = "max_tokens"
             return
         t0 = time.perf_counter()
-        comp = await engine.generate(traj.token_ids(), replace(params, max_new_tokens=budget))
+        comp = await engine.generate(context, replace(params, max_new_tokens=budget))
         t1 = time.perf_counter()
         text = tok.decode(comp.token_ids, skip_special_tokens=True)
         step = await env.step(text)
@@ -67,18 +81,16 @@ async def _play(engine: Engine, env: Environment, traj: Trajectory, anchor: str,
         turn = Turn(
             action_ids=comp.token_ids, action_logprobs=comp.logprobs, policy_version=comp.version,
             anchor_observation=anchor, tool_calls=step.tool_calls, invalid_action=step.invalid_action,
-            rewards={"env": float(step.reward)}, text=text,
+            rewards={"env": float(step.reward)}, text=text, context_start=start,
         )
         if "label" in step.info:
             traj.metadata.setdefault("labels", []).append(step.info["label"])
         traj.turns.append(turn)
-        length += len(comp.token_ids)
         if step.done:
             traj.answer = step.answer
             traj.finish_reason = "answer" if step.answer is not None else "max_turns"
             return
         turn.observation_ids = chat.observation_ids(tok, step.observation.messages, comp.finish_reason == "stop")
-        length += len(turn.observation_ids)
         anchor = step.observation.anchor
     traj.finish_reason = "max_turns"
 

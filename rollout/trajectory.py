@@ -9,6 +9,11 @@ re-tokenizing text::
 after the action (tool results rendered by the chat template plus the next assistant header):
 attended, never trained. The final turn normally has no observation.
 
+With a history window (``rollout.history_turns``) turn ``t`` was sampled from
+``prompt_ids | turns[context_start:t]`` rather than the whole episode; ``Turn.context_start``
+records where its context began, and ``segments()`` splits the trajectory into the rows the
+learner trains, each the exact context its turns were sampled from.
+
 JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 1.
 Rewards live per turn in ``Turn.rewards`` keyed by source (``outcome``, ``ig``, ``prm``,
 ``match``, ``env``); ``None`` means the source was asked for but failed (masked, never zero).
@@ -16,6 +21,7 @@ Rewards live per turn in ``Turn.rewards`` keyed by source (``outcome``, ``ig``, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
@@ -53,6 +59,9 @@ class Turn(BaseModel):
     """Weights version used by model-based scorers (IG, PRM), per source."""
     text: str = ""
     """Decoded action, for people and judges; never used to rebuild tokens."""
+    context_start: int = Field(0, ge=0)
+    """First earlier turn in this action's context: the engine saw ``prompt_ids`` and turns
+    ``context_start .. t-1`` (0: the whole episode so far)."""
 
     @model_validator(mode="after")
     def _aligned(self) -> "Turn":
@@ -62,6 +71,22 @@ class Turn(BaseModel):
                 f"{len(self.action_logprobs)}: record one behaviour log-prob per sampled token"
             )
         return self
+
+
+def window_start(turn: int, history_turns: int | None) -> int:
+    """First earlier turn kept in turn ``turn``'s context when each action sees the opening
+    messages plus at most ``history_turns`` earlier turns (None: all of them)."""
+    return 0 if history_turns is None else max(0, turn - history_turns)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One training row: ``prompt_ids`` plus turns ``start .. stop-1``; turns ``first ..
+    stop-1`` train, earlier ones are context (their actions attended, not trained)."""
+
+    start: int
+    first: int
+    stop: int
 
 
 class Trajectory(BaseModel):
@@ -99,6 +124,14 @@ class Trajectory(BaseModel):
                 f"schema_version {self.schema_version} is not supported (this build reads "
                 f"{SCHEMA_VERSION})"
             )
+        prev = 0
+        for t, turn in enumerate(self.turns):
+            if not prev <= turn.context_start <= t:
+                raise ValueError(
+                    f"turns.{t}.context_start is {turn.context_start}: it must lie in [{prev}, {t}] "
+                    "(a context never starts after its own turn or before the previous turn's)"
+                )
+            prev = turn.context_start
         return self
 
     # -- token views ---------------------------------------------------------------------
@@ -128,6 +161,36 @@ class Trajectory(BaseModel):
         for t, turn in enumerate(self.turns):
             out += [t] * (len(turn.action_ids) + len(turn.observation_ids))
         return out
+
+    def context_ids(self, start: int, stop: int) -> list[int]:
+        """``prompt_ids`` followed by turns ``start .. stop-1`` (actions and observations)."""
+        ids = list(self.prompt_ids)
+        for turn in self.turns[start:stop]:
+            ids += turn.action_ids + turn.observation_ids
+        return ids
+
+    def segments(self) -> list[Segment]:
+        """Training rows: maximal runs of turns sharing one ``context_start``. A whole-episode
+        trajectory is one row; a window of k gives one row for turns 0..k, then one per turn."""
+        out: list[Segment] = []
+        for t, turn in enumerate(self.turns):
+            if out and out[-1].start == turn.context_start:
+                out[-1] = Segment(out[-1].start, out[-1].first, t + 1)
+            else:
+                out.append(Segment(turn.context_start, t, t + 1))
+        return out or [Segment(0, 0, 0)]
+
+    def row(self, seg: Segment) -> tuple[list[int], list[int]]:
+        """Token ids of ``seg``'s row and, per token, the index of the trained turn whose
+        action it is (-1 on prompt, observations and context turns). The observation after
+        the row's last action is left off: no trained token attends to it."""
+        ids, owner = list(self.prompt_ids), [-1] * len(self.prompt_ids)
+        for t in range(seg.start, seg.stop):
+            turn = self.turns[t]
+            obs = turn.observation_ids if t < seg.stop - 1 else []
+            ids += turn.action_ids + obs
+            owner += [t if t >= seg.first else -1] * len(turn.action_ids) + [-1] * len(obs)
+        return ids, owner
 
     def num_action_tokens(self) -> int:
         return sum(len(t.action_ids) for t in self.turns)

@@ -65,7 +65,8 @@ class RolloutWorker:
         gid = f"{task.task_id}:{uuid.uuid4().hex[:12]}"
         trajs = await asyncio.gather(*[
             run_episode(self.engine, self._envs.make_env(), task, params, group_id=gid,
-                        max_context_tokens=self.cfg.max_context_tokens)
+                        max_context_tokens=self.cfg.max_context_tokens,
+                        history_turns=self.cfg.history_turns)
             for _ in range(n)
         ])
         for traj in trajs:

@@ -34,3 +34,24 @@ def test_masked_turn_trains_nothing_and_rows_trim_padding() -> None:
     assert tb.loss_mask[0].tolist() == [0, 0, 0, 0, 0, 0, 0, 1.0]
     sub = tb.rows(1, 2)
     assert sub.input_ids.shape == (1, 4) and sub.loss_mask.shape == (1, 3)
+
+
+def test_windowed_trajectory_trains_each_turn_on_its_own_context() -> None:
+    from tests.test_trajectory import windowed_traj
+
+    win = windowed_traj(1)  # rows [1,2,10,20,11] (turns 0,1), [1,2,11,21,12] (2), [1,2,12,22,13] (3)
+    plain = make_traj()     # one row, turns 4 and 5 of the batch
+    adv = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    tb = build_token_batch([win, plain], adv, np.array([True, True, False, True, True, True]), pad_id=0)
+    assert tb.input_ids.shape == (4, 9)
+    assert tb.input_ids[:3, :5].tolist() == [[1, 2, 10, 20, 11], [1, 2, 11, 21, 12], [1, 2, 12, 22, 13]]
+    # row 0 trains turns 0 and 1 (tokens 2 and 4); row 1 trains nothing: turn 2 is masked and
+    # turn 1's action there is context; row 2 trains turn 3
+    assert tb.loss_mask[:3, :4].tolist() == [[0, 1, 0, 1], [0, 0, 0, 0], [0, 0, 0, 1]]
+    assert tb.advantages[0, :4].tolist() == [0, 1.0, 0, 2.0] and tb.advantages[2, 3].item() == 4.0
+    assert tb.turn_ids[0, :4].tolist() == [-1, 0, -1, 1] and tb.turn_ids[2, 3].item() == 3
+    torch.testing.assert_close(tb.behaviour[0, :4], torch.tensor([0, -0.1, 0, -0.2]))
+    torch.testing.assert_close(tb.behaviour[2, :4], torch.tensor([0, 0, 0, -0.4]))
+    # the whole-episode trajectory after it keeps its single row and its own turn ids
+    assert tb.input_ids[3].tolist() == plain.token_ids() and tb.turn_ids[3, 7].item() == 5
+    assert tb.num_tokens == 3 + 3

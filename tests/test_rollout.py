@@ -105,3 +105,46 @@ def test_episode_records_exact_tokens(engine, tiny_policy) -> None:
     for turn in traj.turns[:-1]:
         assert turn.observation_ids  # every non-final turn is followed by an observation
     assert len(traj.token_ids()) == len(traj.loss_mask()) == len(traj.behaviour_logprobs())
+
+
+class _Recording:
+    """The real engine, with every context it was asked to continue written down."""
+
+    def __init__(self, engine) -> None:
+        self.inner, self.contexts = engine, []
+
+    @property
+    def tokenizer(self):
+        return self.inner.tokenizer
+
+    async def generate(self, prompt_ids, params):
+        self.contexts.append(list(prompt_ids))
+        return await self.inner.generate(prompt_ids, params)
+
+
+def test_history_window_bounds_what_the_engine_sees(engine) -> None:
+    from envs.registry import make_task_source
+
+    # household turns run to max_turns whatever the (search-QA) policy writes: invalid actions
+    # are observations, so the episode is long enough for the window to drop turns
+    source = make_task_source({"type": "household", "num_train_tasks": 2, "num_heldout_tasks": 1,
+                               "max_turns": 5})
+    task, rec = source.tasks("train")[0], _Recording(engine)
+    traj = asyncio.run(run_episode(rec, source.make_env(), task,
+                                   SamplingParams(temperature=1.0, max_new_tokens=16),
+                                   group_id="g", max_context_tokens=4096, history_turns=1))
+    assert traj.error is None and len(traj.turns) == 5 and traj.finish_reason == "max_turns"
+    assert [t.context_start for t in traj.turns] == [0, 0, 1, 2, 3]
+    prompt = chat.prompt_ids(engine.tokenizer, task.messages, task.tools)
+    for t, seen in enumerate(rec.contexts):
+        last = traj.turns[t - 1] if t else None
+        # the opening prompt, then at most the one turn before (its action and observation)
+        assert seen == prompt + ([] if last is None else last.action_ids + last.observation_ids)
+        assert seen == traj.context_ids(traj.turns[t].context_start, t)
+    # the learner trains each turn on the context it was sampled from
+    rows = [traj.row(s) for s in traj.segments()]
+    assert len(rows) == 4
+    for t, turn in enumerate(traj.turns):
+        ids, owner = next(r for r in rows if t in r[1])
+        at = owner.index(t)
+        assert ids[:at] == rec.contexts[t] and ids[at: at + len(turn.action_ids)] == turn.action_ids

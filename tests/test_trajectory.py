@@ -68,3 +68,53 @@ def test_misaligned_logprobs_rejected() -> None:
 def test_unknown_schema_version_rejected() -> None:
     with pytest.raises(ValueError, match="schema_version 2 is not supported"):
         Trajectory(schema_version=2, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
+
+
+def windowed_traj(history_turns: int | None) -> Trajectory:
+    # prompt [1,2] | t0: act [10] obs [20] | t1: act [11] obs [21] | t2: act [12] obs [22] | t3: act [13]
+    from rollout.trajectory import window_start
+
+    turns = [Turn(action_ids=[10 + t], action_logprobs=[-0.1 * (t + 1)], policy_version=0,
+                  observation_ids=[20 + t] if t < 3 else [],
+                  context_start=window_start(t, history_turns)) for t in range(4)]
+    return Trajectory(trajectory_id="w", task_id="task", group_id="g", prompt_ids=[1, 2], turns=turns)
+
+
+def test_history_window_splits_turns_into_the_contexts_they_were_sampled_from() -> None:
+    from rollout.trajectory import Segment
+
+    whole = windowed_traj(None)
+    assert [t.context_start for t in whole.turns] == [0, 0, 0, 0]
+    assert whole.segments() == [Segment(0, 0, 4)]  # one row: today's layout
+    ids, owner = whole.row(whole.segments()[0])
+    assert ids == whole.token_ids() and owner == [-1, -1, 0, -1, 1, -1, 2, -1, 3]
+
+    # window of 1: turn t sees the prompt and turn t-1 only; turns 0 and 1 share a context
+    win = windowed_traj(1)
+    assert [t.context_start for t in win.turns] == [0, 0, 1, 2]
+    assert win.segments() == [Segment(0, 0, 2), Segment(1, 2, 3), Segment(2, 3, 4)]
+    rows = [win.row(s) for s in win.segments()]
+    # the observation after a row's last action is left off (nothing trained attends to it)
+    assert rows[0] == ([1, 2, 10, 20, 11], [-1, -1, 0, -1, 1])
+    # turn 1's action is context for turn 2: attended, owned by no trained turn
+    assert rows[1] == ([1, 2, 11, 21, 12], [-1, -1, -1, -1, 2])
+    assert rows[2] == ([1, 2, 12, 22, 13], [-1, -1, -1, -1, 3])
+    # each row is exactly what the engine was asked to continue, plus the trained action
+    for t, turn in enumerate(win.turns):
+        context = win.context_ids(turn.context_start, t)
+        row_ids = next(r for s, r in zip(win.segments(), rows) if s.first <= t < s.stop)[0]
+        assert row_ids[: len(context) + 1] == context + turn.action_ids
+
+    # a window of 0 keeps only the prompt
+    assert [win.row(s)[0] for s in windowed_traj(0).segments()][1] == [1, 2, 11]
+    assert Trajectory(trajectory_id="e", task_id="t", group_id="g", prompt_ids=[1]).segments() == [Segment(0, 0, 0)]
+
+
+def test_context_start_out_of_order_is_rejected_naming_the_turn() -> None:
+    data = windowed_traj(1).model_dump()
+    data["turns"][3]["context_start"] = 0  # before turn 2's start (1)
+    with pytest.raises(ValueError, match=r"turns\.3\.context_start is 0"):
+        Trajectory.model_validate(data)
+    data["turns"][3]["context_start"] = 4  # after its own turn
+    with pytest.raises(ValueError, match=r"turns\.3\.context_start is 4"):
+        Trajectory.model_validate(data)
