@@ -52,6 +52,12 @@ def check_requirements(cfg: RunConfig, source: TaskSource) -> None:
 
     provides = source.provides()
     check_reward_sources(cfg, source)
+    if cfg.learner.loss.type == "trajectory_balance" and cfg.rollout.history_turns is not None:
+        raise ValueError(
+            "learner.loss.type='trajectory_balance' sums log-probs over whole episodes, but "
+            f"rollout.history_turns={cfg.rollout.history_turns} trains each turn in its own row; "
+            "unset rollout.history_turns or use the ppo loss"
+        )
     missing = required_fields(cfg.learner.estimator) - supplied_fields(cfg, source)
     if missing:
         raise ValueError(

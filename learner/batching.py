@@ -27,6 +27,7 @@ class TokenBatch:
     turn_ids: torch.Tensor        # [N, L-1] long, unique per (row, turn), -1 where mask 0
     clip_low: torch.Tensor | None = None   # [N, L-1] per-token clip epsilon
     clip_high: torch.Tensor | None = None
+    row_traj: torch.Tensor | None = None   # [N] long, index of the trajectory each row is from
 
     @property
     def num_tokens(self) -> float:
@@ -38,8 +39,8 @@ class TokenBatch:
         out = {}
         for f in fields(self):
             val = getattr(self, f.name)
-            if val is None:
-                out[f.name] = None
+            if val is None or val.dim() == 1:
+                out[f.name] = None if val is None else val[start:stop]
                 continue
             cols = width if f.name in ("input_ids", "attention_mask") else width - 1
             out[f.name] = val[start:stop, :cols]
@@ -64,9 +65,11 @@ def build_token_batch(
     trajectory gives one row per ``Trajectory.segments()`` entry: one row unless its turns
     were sampled from a history window."""
     rows: list[tuple[list[int], list[int], Trajectory, int]] = []
-    offset = 0
-    for traj in trajs:
-        rows += [(*traj.row(seg), traj, offset) for seg in traj.segments()]
+    offset, row_traj = 0, []
+    for k, traj in enumerate(trajs):
+        segs = traj.segments()
+        rows += [(*traj.row(seg), traj, offset) for seg in segs]
+        row_traj += [k] * len(segs)
         offset += len(traj.turns)
     n, width = len(rows), max(len(ids) for ids, *_ in rows)
     ids_t = torch.full((n, width), pad_id, dtype=torch.long)
@@ -94,4 +97,5 @@ def build_token_batch(
         advantages=per_tok["adv"][:, 1:], turn_ids=tid,
         clip_low=per_tok["lo"][:, 1:] if has_clip else None,
         clip_high=per_tok["hi"][:, 1:] if has_clip else None,
+        row_traj=torch.tensor(row_traj, dtype=torch.long),
     )

@@ -27,7 +27,7 @@ from learner.advantages.batch import turn_batch_from_trajectories
 from learner.batching import TokenBatch, build_token_batch
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import full_state_dict, init_engine
-from learner.losses import LossInputs, policy_loss
+from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
 from learner.ports import LearnerPorts
 from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
@@ -53,6 +53,12 @@ class LearnerWorker:
         self.rows = cfg.batch_groups * group_size
         self.micro_batches = math.ceil(self.rows / cfg.micro_batch_size)
         self.engine = init_engine(model, cfg, self.micro_batches)
+        # Trajectory balance's learned log Z: a table per task, in its own optimiser at its
+        # own (much higher) learning rate, stepped with the policy.
+        self.log_z = make_log_z(cfg.loss) if cfg.loss.type == "trajectory_balance" else None
+        self.log_z_opt = (torch.optim.Adam(self.log_z.parameters(), lr=cfg.loss.log_z_lr)
+                          if self.log_z is not None else None)
+        self.task_codes: dict[str, int] = {}
         self.version = state["version"] if state else 0
         self.step = state["step"] if state else 0
         self.trained_log = self.run_dir / "trained_groups.jsonl"
@@ -60,6 +66,7 @@ class LearnerWorker:
             self.engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
                                         load_module_only=False)
             keep_steps_through(self.trained_log, self.step)  # later steps are trained again
+            self._load_log_z(state["ds_tag"])
             self.ports.publish(self.version, full_state_dict(self.engine))
 
     # -- one step ------------------------------------------------------------------------
@@ -136,17 +143,24 @@ class LearnerWorker:
         total_tokens, sums = max(tb.num_tokens, 1.0), {}
         self.engine.train()
         n_rows = tb.input_ids.size(0)
+        task_ids, log_r = self._tb_rows(trajs, tb)
+        row_mean = self.cfg.loss.type != "ppo" or self.cfg.loss.agg != "token-mean"
         # Always self.micro_batches slices: DeepSpeed steps the optimizer after that many
         # backward passes, and windowed trajectories give more rows than trajectories.
         for part in np.array_split(np.arange(n_rows), self.micro_batches):
-            mb = tb.rows(int(part[0]), int(part[-1]) + 1)
-            loss, m = self._micro_step(mb)
-            share = (mb.num_tokens / total_tokens if self.cfg.loss.type != "ppo" or self.cfg.loss.agg == "token-mean"
-                     else mb.input_ids.size(0) / n_rows)
+            a, b = int(part[0]), int(part[-1]) + 1
+            mb = tb.rows(a, b)
+            loss, m = self._micro_step(mb, None if task_ids is None else task_ids[a:b],
+                                       None if log_r is None else log_r[a:b])
+            # losses that average rows weigh a micro-batch by its rows, token means by tokens
+            share = mb.input_ids.size(0) / n_rows if row_mean else mb.num_tokens / total_tokens
             self.engine.backward(loss * share * self.micro_batches)
             self.engine.step()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v * share
+        if self.log_z_opt is not None:
+            self.log_z_opt.step()
+            self.log_z_opt.zero_grad()
         grad_norm = self.engine.get_global_grad_norm()
         return {**{f"loss/{k}": v for k, v in sums.items()},
                 "loss/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
@@ -155,7 +169,28 @@ class LearnerWorker:
                 "time/advantages_s": t1 - t0, "tokens/trained": tb.num_tokens,
                 "tokens/rows": float(n_rows), "tokens/row_width": float(tb.input_ids.size(1))}
 
-    def _micro_step(self, mb: TokenBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _tb_rows(self, trajs: list[Trajectory], tb: TokenBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per row, for trajectory balance: its task's code in the log Z table and log R of
+        its trajectory's outcome reward; (None, None) for other losses."""
+        if self.cfg.loss.type != "trajectory_balance" or tb.row_traj is None:
+            return None, None
+        rows = [trajs[i] for i in tb.row_traj.tolist()]
+        codes = torch.tensor([self._task_code(t.task_id) for t in rows], dtype=torch.long)
+        outcomes = torch.tensor([math.nan if t.outcome is None else t.outcome for t in rows],
+                                dtype=torch.float64)
+        return codes, log_rewards(outcomes, self.cfg.loss.log_reward_floor)
+
+    def _task_code(self, task_id: str) -> int:
+        code = self.task_codes.setdefault(task_id, len(self.task_codes))
+        if code >= self.cfg.loss.max_tasks:
+            raise ValueError(
+                f"learner.loss.max_tasks is {self.cfg.loss.max_tasks}, but this run has trained "
+                f"more distinct tasks ({task_id!r} is number {code + 1}); raise it"
+            )
+        return code
+
+    def _micro_step(self, mb: TokenBatch, task_ids: torch.Tensor | None = None,
+                    log_r: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
         logits = out.logits[:, :-1].float() / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
@@ -173,8 +208,9 @@ class LearnerWorker:
             logprobs=logp, old_logprobs=logp.detach(), behaviour_logprobs=mb.behaviour,
             advantages=mb.advantages, mask=mb.loss_mask, turn_ids=mb.turn_ids,
             clip_low=mb.clip_low, clip_high=mb.clip_high, ref_logprobs=ref, entropy=entropy,
+            task_ids=task_ids, log_rewards=log_r,
         )
-        return policy_loss(inputs, self.cfg.loss)
+        return policy_loss(inputs, self.cfg.loss, self.log_z)
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self) -> str:
@@ -185,12 +221,23 @@ class LearnerWorker:
         self.tokenizer.save_pretrained(path)
         tag = f"step_{self.step:06d}"
         self.engine.save_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=tag)
+        if self.log_z is not None:
+            torch.save({"table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(),
+                        "task_codes": self.task_codes}, self.run_dir / "ds_checkpoint" / tag / "log_z.pt")
         state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag}
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "state.json")
         self.ports.commit(self.version)  # only now is this version's update durable
         return str(path)
+
+    def _load_log_z(self, tag: str) -> None:
+        if self.log_z is None:
+            return
+        saved = torch.load(self.run_dir / "ds_checkpoint" / tag / "log_z.pt")
+        self.log_z.load_state_dict(saved["table"])
+        self.log_z_opt.load_state_dict(saved["opt"])
+        self.task_codes = dict(saved["task_codes"])
 
     def _log_trained(self, claim_id: str, group_ids: list[str]) -> None:
         with self.trained_log.open("a") as fh:

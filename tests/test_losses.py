@@ -252,6 +252,16 @@ class _Bound(torch.nn.Module):
         return functional_call(self.log_z, {"table.weight": self.weight}, (task_ids,))
 
 
+def test_log_rewards_are_log_outcome_with_a_floor_for_non_positive_or_missing():
+    from learner.losses import log_rewards
+
+    out = log_rewards(torch.tensor([1.0, 0.5, 0.0, -1.0, float("nan"), 1e-12], dtype=torch.float64), -20.0)
+    # log 1 = 0; log 0.5; a GFlowNet reward must be positive, so 0, negative (format penalty)
+    # and missing outcomes get the floor; log 1e-12 = -27.6 is raised to the floor too
+    torch.testing.assert_close(out, torch.tensor([0.0, math.log(0.5), -20.0, -20.0, -20.0, -20.0],
+                                                 dtype=torch.float64))
+
+
 def test_unknown_loss_type():
     class Fake:
         type = "dpo"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 import torch
@@ -89,3 +90,28 @@ def test_household_with_a_history_window_trains_turns_on_their_own_contexts(
         # 4 episodes of 8 turns (a barely trained policy rarely finishes early): turns 0-1
         # share a row, then one row per turn, so well over one row per trajectory
         assert r["samples"] == 4 and r["tokens/rows"] > r["samples"]
+
+
+def test_trajectory_balance_trains_its_log_z_with_the_policy(tiny_run_config, tiny_policy, ray_cluster,
+                                                            tmp_path) -> None:
+    """One config line selects trajectory balance: the learner owns a log Z per task, trains it
+    at its own rate, and checkpoints it beside the optimizer state."""
+    from cluster.driver import train
+
+    cfg = tiny_run_config([
+        f"output_dir={tmp_path}", "train.steps=2", "rollout.group_size=2", "learner.batch_groups=2",
+        "rollout.groups_in_flight=2", "rollout.max_new_tokens=48", "eval.num_tasks=0", "progress=none",
+        "learner.checkpoint_every=2", "learner.loss.type=trajectory_balance", "learner.loss.max_tasks=64",
+        "learner.loss.log_z_lr=0.5", "name=tb",
+    ])
+    result = train(cfg, on_stage=lambda s: None)
+    assert result.steps == 2
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss/tb_loss"]) and r["loss/tb_loss"] > 0 for r in rows)
+    saved = torch.load(result.run_dir / "ds_checkpoint" / "step_000002" / "log_z.pt")
+    codes = saved["task_codes"]
+    assert 2 <= len(codes) <= 4 and sorted(codes.values()) == list(range(len(codes)))  # 2 groups/step
+    table = saved["table"]["table.weight"].squeeze(-1)
+    # the trained tasks' log Z moved from log_z_init (0); the table's unused entries did not
+    assert all(abs(float(table[c])) > 1e-3 for c in codes.values())
+    assert torch.count_nonzero(table[len(codes):]) == 0

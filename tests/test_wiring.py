@@ -138,3 +138,10 @@ def test_match_rewards_fail_when_task_files_have_no_gold_calls(tmp_path: Path) -
 ])
 def test_supported_combinations_pass(env: str, estimator: str, extra: list[str]) -> None:
     check_requirements(_config(env, estimator, *extra), _source(env))
+
+
+def test_trajectory_balance_with_a_history_window_fails_naming_both_keys() -> None:
+    cfg = load_config(None, ["env.type=household", "learner.loss.type=trajectory_balance",
+                             "rollout.history_turns=2"])
+    with pytest.raises(ValueError, match=r"learner\.loss\.type.*rollout\.history_turns=2"):
+        check_requirements(cfg, make_task_source(cfg.env))

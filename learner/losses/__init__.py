@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from learner.losses.config import LossConfig
     from learner.losses.inputs import LossInputs
     from learner.losses.registry import LOSSES, policy_loss
-    from learner.losses.trajectory_balance import LogZ, make_log_z
+    from learner.losses.trajectory_balance import LogZ, log_rewards, make_log_z
 
 _EXPORTS = {
     "LossConfig": "learner.losses.config",
@@ -27,6 +27,7 @@ _EXPORTS = {
     "policy_loss": "learner.losses.registry",
     "LogZ": "learner.losses.trajectory_balance",
     "make_log_z": "learner.losses.trajectory_balance",
+    "log_rewards": "learner.losses.trajectory_balance",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -32,6 +32,13 @@ class LogZ(nn.Module):
         return self.table(task_ids).squeeze(-1)
 
 
+def log_rewards(outcomes: Tensor, floor: float) -> Tensor:
+    """``[B]`` log R(x) from each row's outcome reward R: ``log R`` where R > 0, ``floor``
+    where R <= 0 or missing (NaN), since a GFlowNet reward must be positive."""
+    safe = torch.where(outcomes > 0, outcomes, torch.ones_like(outcomes))
+    return torch.where(outcomes > 0, torch.log(safe).clamp(min=floor), torch.full_like(outcomes, floor))
+
+
 def make_log_z(cfg: TrajectoryBalanceConfig) -> LogZ | None:
     """The LogZ module the learner must own (and optimise) for ``cfg``, or None."""
     return LogZ(cfg.max_tasks, cfg.log_z_init) if cfg.log_z == "learned" else None
