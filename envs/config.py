@@ -185,6 +185,11 @@ class HouseholdConfig(BaseModel):
         default=["place", "clean", "heat", "cool"], min_length=1
     )
     """Goal kinds to generate: put X in R, put a clean/hot/cold X in R."""
+    visible_items: bool = False
+    """Room descriptions list what each receptacle holds (``countertop 1 (mug 1)``), closed
+    ones included, so the agent can see where objects are in the room it stands in. Off: as
+    in ALFWorld, objects show only at their receptacle, and the planner's demonstrations go
+    straight to places the agent cannot know (a policy imitating them guesses)."""
 
 
 EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig, Field(discriminator="type")]

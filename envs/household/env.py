@@ -67,7 +67,7 @@ class HouseholdEnv(SyncEnvironment):
         seed, goal_types = task.metadata.get("world_seed"), task.metadata.get("goal_types")
         if not isinstance(seed, int) or not goal_types:
             raise ValueError(f"task {task.task_id}: metadata needs world_seed and goal_types")
-        self.house, self.goal = make_episode(seed, goal_types)
+        self.house, self.goal = make_episode(seed, goal_types, bool(task.metadata.get("visible_items")))
         self.turn, self.done = 0, False
         self.distance = len(plan(self.house, self.goal))
         return Observation(messages=[], anchor=opening(self.house, self.goal))

@@ -48,8 +48,9 @@ class Goal:
         )
 
 
-def make_episode(seed: int, goal_types: list[str]) -> tuple[House, Goal]:
-    """The house and goal of world ``seed``; the goal never holds at the start."""
+def make_episode(seed: int, goal_types: list[str], show_items: bool = False) -> tuple[House, Goal]:
+    """The house and goal of world ``seed``; the goal never holds at the start.
+    ``show_items``: room descriptions list receptacles' contents (``House.show_items``)."""
     rng = random.Random(seed)
     for _ in range(100):
         house = build_house(rng)
@@ -64,6 +65,7 @@ def make_episode(seed: int, goal_types: list[str]) -> tuple[House, Goal]:
             if item.kind == goal.kind and verb == "clean":
                 item.dirty = True
         if not goal.reached(house):
+            house.show_items = show_items
             return house, goal
     raise RuntimeError(f"world seed {seed}: no valid goal found")  # never seen in practice
 

@@ -62,6 +62,8 @@ class House:
     at: str | None = None
     holding: str | None = None
     rooms: list[str] = field(default_factory=list)
+    show_items: bool = False
+    """The room description lists what each receptacle holds (closed ones included)."""
 
     # -- descriptions ------------------------------------------------------------------
     def item_text(self, item: Item) -> str:
@@ -87,12 +89,16 @@ class House:
         return f"You are in the {self.room}, {where}. {self.holding_text()}"
 
     def look(self) -> str:
-        here = [r.name for r in self.receptacles.values() if r.room == self.room]
+        here = [self._listed(r) for r in self.receptacles.values() if r.room == self.room]
         others = [r for r in self.rooms if r != self.room]
         return (
             f"You are in the {self.room}. You see: {', '.join(here)}. "
             f"Other rooms: {', '.join(others) if others else 'none'}."
         )
+
+    def _listed(self, rec: Receptacle) -> str:
+        inside = [i.name for i in self.items.values() if i.location == rec.name]
+        return f"{rec.name} ({', '.join(inside)})" if self.show_items and inside else rec.name
 
     # -- rules -------------------------------------------------------------------------
     def admissible(self) -> list[str]:
