@@ -126,3 +126,27 @@ def test_config_and_registry():
         HouseholdConfig(goal_types=["juggle"])
     with pytest.raises(ValueError, match="world_seed"):
         src.make_env().start(Task(task_id="x", messages=[]))  # type: ignore[attr-defined]
+
+
+def test_visible_items_lists_each_receptacles_contents_in_room_descriptions():
+    hidden, shown = source(), source(visible_items=True)
+    task, seen = hidden.tasks("train")[0], shown.tasks("train")[0]
+    assert task.metadata["world_seed"] == seen.metadata["world_seed"]  # same world, same goal
+    house, _ = make_episode(seen.metadata["world_seed"], seen.metadata["goal_types"], True)
+    room = [r for r in house.receptacles.values() if r.room == house.room]
+    for rec in room:
+        inside = [i.name for i in house.items.values() if i.location == rec.name]
+        listed = f"{rec.name} ({', '.join(inside)})" if inside else rec.name
+        assert listed in seen.messages[-1]["content"]  # closed ones too
+        assert f"{rec.name} (" not in task.messages[-1]["content"]  # off: names only
+    assert any(i.location in {r.name for r in room} for i in house.items.values())
+    # the episode shows the same: moving to another room lists that room's contents
+    other = next(r for r in house.rooms if r != house.room)
+    (step,) = episode(shown, seen, [act(f"go to {other}")])
+    far = [r.name for r in house.receptacles.values() if r.room == other]
+    for item in house.items.values():
+        if item.location in far:
+            assert item.name in step.observation.anchor
+    # the demonstration still reaches the goal
+    assert episode(shown, seen, [m["content"] for m in shown.demonstration(seen)
+                                 if m["role"] == "assistant"])[-1].answer == GOAL_REACHED
