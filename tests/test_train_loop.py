@@ -115,3 +115,13 @@ def test_trajectory_balance_trains_its_log_z_with_the_policy(tiny_run_config, ti
     # the trained tasks' log Z moved from log_z_init (0); the table's unused entries did not
     assert all(abs(float(table[c])) > 1e-3 for c in codes.values())
     assert torch.count_nonzero(table[len(codes):]) == 0
+
+    # --resume reloads the table, its optimiser and the task codes with the policy
+    more = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 3})})
+    again = train(more, on_stage=lambda s: None, resume=True)
+    assert again.steps == 3
+    final = sorted((again.run_dir / "ds_checkpoint").glob("step_*/log_z.pt"))[-1]
+    assert final.parent.name == "step_000003"
+    resumed = torch.load(final)
+    assert {k: resumed["task_codes"][k] for k in codes} == codes  # same task, same code
+    assert len(resumed["task_codes"]) >= len(codes)
