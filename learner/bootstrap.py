@@ -20,6 +20,7 @@ from learner.config import PolicyConfig
 
 BOOTSTRAP_VERSION = 4  # bump when the tokenizer, template or SFT recipe changes
 
+
 def cache_key(cfg: PolicyConfig, env_fingerprint: str, history_turns: int | None = None) -> str:
     shape = {"v": BOOTSTRAP_VERSION, "tiny": cfg.tiny.model_dump(), "sft": cfg.sft.model_dump(),
              "env": env_fingerprint}
@@ -28,6 +29,7 @@ def cache_key(cfg: PolicyConfig, env_fingerprint: str, history_turns: int | None
     blob = json.dumps(shape, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+
 def _corpus(source: TaskSource) -> list[str]:
     texts = list(source.corpus_text())
     for task in source.tasks("train")[:200]:
@@ -35,6 +37,7 @@ def _corpus(source: TaskSource) -> list[str]:
         texts += [m["content"] for m in source.demonstration(task)]
         texts.append(json.dumps(task.tools))
     return texts
+
 
 def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show_progress: bool,
                       demo_source: TaskSource | None = None, history_turns: int | None = None) -> dict:
@@ -59,6 +62,7 @@ def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show
     stats["build_s"] = time.perf_counter() - t0
     (out_dir / "turnrl_bootstrap.json").write_text(json.dumps(stats, indent=2))
     return stats
+
 
 def demo_env_config(cfg: PolicyConfig, env_cfg: BaseModel) -> BaseModel | None:
     """The environment config demonstrations come from when ``policy.sft.env`` replaces keys

@@ -50,6 +50,11 @@ def demo_rows(tokenizer: Any, task: Task, demo: list[dict[str, Any]],
     return [(ids, [int(t >= 0) for t in owner]) for ids, owner in rows]
 
 
+def guess_count(num_demos: int, fraction: float) -> int:
+    """How many of ``num_demos`` demonstrations guess: ``fraction`` of them, rounded."""
+    return round(fraction * num_demos)
+
+
 def guesses(tasks: list[Task], fraction: float, seed: int) -> dict[int, str]:
     """Task index -> the answer its demonstration guesses, for a seeded ``fraction`` of the
     tasks: the gold answer of another task, so a guess has the form of an answer but says
@@ -59,7 +64,7 @@ def guesses(tasks: list[Task], fraction: float, seed: int) -> dict[int, str]:
     pool = sorted({t.gold_answers[0] for t in tasks if t.gold_answers})
     rng = random.Random(seed + 1)
     out = {}
-    for i in rng.sample(range(len(tasks)), round(fraction * len(tasks))):
+    for i in rng.sample(range(len(tasks)), guess_count(len(tasks), fraction)):
         others = [a for a in pool if a not in (tasks[i].gold_answers or [])]
         if not others:
             raise ValueError(
@@ -126,4 +131,4 @@ def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show
         bar.set_postfix(loss=f"{ema:.3f}")
     model.eval()
     return {"sft_loss": float(ema or 0.0), "sft_demos": float(len(data)),
-            "sft_guess_demos": float(round(cfg.guess_fraction * len(demos)))}
+            "sft_guess_demos": float(guess_count(len(demos), cfg.guess_fraction))}
