@@ -88,3 +88,28 @@ def test_split_digits_gives_every_digit_its_own_token_in_the_saved_tokenizer(pol
     assert split.convert_ids_to_tokens(ids)[-7:] == ["1", "8", "4", "3", ".", "2", "5"]
     assert digit_runs(split) == []
     assert len(digit_runs(merged)) > 10  # with the option off, BPE merges frequent digit runs
+
+
+def test_warm_start_probe_reports_success_and_imitation_by_turn(tiny_run_config, tiny_policy, capsys) -> None:
+    """bench/warm_start.py on the tiny search-QA policy: counts add up, turn by turn."""
+    import re
+
+    from bench.warm_start import main
+    from tests.conftest import TINY_OVERRIDES
+
+    cache = str(Path(tiny_policy[0]).parent)
+    main(["--tasks", "3", "--samples", "2", *[a for o in TINY_OVERRIDES for a in ("--set", o)],
+          "--set", f"policy.cache_dir={cache}", "--set", "rollout.max_new_tokens=32"])
+    out = capsys.readouterr().out
+    assert f"policy {tiny_policy[0]} ready" in out  # the cached warm start, not a rebuilt one
+    for split in ("heldout", "train"):
+        wins, total = map(int, re.search(rf"{split}: success (\d+)/(\d+)", out).groups())
+        assert total == 6 and 0 <= wins <= 6
+    by_turn = dict(re.findall(r"(\d+): (\d+/\d+)", out.split("by turn:")[1]))
+    source = tiny_policy[1]
+    turns = [sum(m["role"] == "assistant" for m in source.demonstration(t)) for t in source.tasks("train")[:3]]
+    # every demonstration has a turn 0; later turn indices only as many as demonstrations reach
+    assert by_turn["0"].endswith("/3")
+    for t, frac in by_turn.items():
+        hit, tried = map(int, frac.split("/"))
+        assert tried == sum(n > int(t) for n in turns) and 0 <= hit <= tried
