@@ -10,7 +10,8 @@ from torch import Tensor
 
 @dataclass
 class LossInputs:
-    """Tensors of one micro-batch; ``B`` rows (trajectories), ``L`` token positions.
+    """Tensors of one micro-batch; ``B`` rows (a trajectory, or one context of a windowed one),
+    ``L`` token positions.
 
     Position ``j`` holds quantities of the token predicted at ``j`` (next-token alignment is
     the learner's job). Values where ``mask`` is 0 are never read into the loss and may be
