@@ -145,19 +145,22 @@ class LearnerWorker:
         n_rows = tb.input_ids.size(0)
         task_ids, log_r = self._tb_rows(trajs, tb)
         row_mean = self.cfg.loss.type != "ppo" or self.cfg.loss.agg != "token-mean"
-        # Always self.micro_batches slices: DeepSpeed steps the optimizer after that many
-        # backward passes, and windowed trajectories give more rows than trajectories.
-        for part in np.array_split(np.arange(n_rows), self.micro_batches):
-            a, b = int(part[0]), int(part[-1]) + 1
+        # Windowed trajectories give more rows than trajectories, so the number of micro-batches
+        # varies: the last one is marked as DeepSpeed's accumulation boundary by hand. backward()
+        # divides by the configured accumulation steps, which the factor below cancels.
+        starts = range(0, n_rows, self.cfg.micro_batch_size)
+        for i, a in enumerate(starts):
+            b = min(a + self.cfg.micro_batch_size, n_rows)
+            self.engine.set_gradient_accumulation_boundary(i == len(starts) - 1)
             mb = tb.rows(a, b)
             loss, m = self._micro_step(mb, None if task_ids is None else task_ids[a:b],
                                        None if log_r is None else log_r[a:b])
             # losses that average rows weigh a micro-batch by its rows, token means by tokens
             share = mb.input_ids.size(0) / n_rows if row_mean else mb.num_tokens / total_tokens
             self.engine.backward(loss * share * self.micro_batches)
-            self.engine.step()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v * share
+        self.engine.step()
         if self.log_z_opt is not None:
             self.log_z_opt.step()
             self.log_z_opt.zero_grad()
