@@ -33,11 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 def free_running(engine: Any, source: Any, cfg: Any, split: str, tasks: int, samples: int) -> str:
     """One line: success, mean turns and end kinds of ``tasks x samples`` episodes."""
-    from rollout.engines.base import SamplingParams
-    from rollout.episode import run_episode
+    from rollout.episode import run_episode, sampling_params
 
-    params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens)
+    params = sampling_params(cfg.rollout)
     chosen = source.tasks(split)[:tasks]
 
     async def play() -> list[Any]:

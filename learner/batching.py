@@ -76,12 +76,12 @@ def build_token_batch(
     att = torch.zeros((n, width), dtype=torch.long)
     per_tok = {k: torch.zeros((n, width)) for k in ("mask", "beh", "adv", "tid", "lo", "hi")}
     has_clip = clip_low is not None and clip_high is not None
-    tids = np.arange(offset, dtype=float)
+    tids, mask_values = np.arange(offset, dtype=float), turn_mask.astype(float)
     for i, (ids, owner, traj, off) in enumerate(rows):
         length = len(ids)
         ids_t[i, :length] = torch.tensor(ids)
         att[i, :length] = 1
-        per_tok["mask"][i, :length] = torch.tensor(_row_values(owner, turn_mask.astype(float), off, 0.0))
+        per_tok["mask"][i, :length] = torch.tensor(_row_values(owner, mask_values, off, 0.0))
         per_tok["adv"][i, :length] = torch.tensor(_row_values(owner, turn_adv, off, 0.0))
         per_tok["tid"][i, :length] = torch.tensor(_row_values(owner, tids, off, -1.0))
         trained = sorted({t for t in owner if t >= 0})

@@ -226,7 +226,7 @@ class LearnerWorker:
         self.engine.save_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=tag)
         if self.log_z is not None:
             torch.save({"table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(),
-                        "task_codes": self.task_codes}, self.run_dir / "ds_checkpoint" / tag / "log_z.pt")
+                        "task_codes": self.task_codes}, self._log_z_path(tag))
         state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag}
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
@@ -234,10 +234,14 @@ class LearnerWorker:
         self.ports.commit(self.version)  # only now is this version's update durable
         return str(path)
 
+    def _log_z_path(self, tag: str) -> Path:
+        """Trajectory balance's log Z table, beside the DeepSpeed checkpoint of ``tag``."""
+        return self.run_dir / "ds_checkpoint" / tag / "log_z.pt"
+
     def _load_log_z(self, tag: str) -> None:
         if self.log_z is None:
             return
-        saved = torch.load(self.run_dir / "ds_checkpoint" / tag / "log_z.pt")
+        saved = torch.load(self._log_z_path(tag))
         self.log_z.load_state_dict(saved["table"])
         self.log_z_opt.load_state_dict(saved["opt"])
         self.task_codes = dict(saved["task_codes"])

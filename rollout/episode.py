@@ -17,10 +17,18 @@ from dataclasses import dataclass, replace
 
 from envs.base import Environment, Task
 from rollout import chat
+from rollout.config import RolloutConfig
 from rollout.engines.base import Engine, SamplingParams
 from rollout.trajectory import Trajectory, Turn, window_start
 
 _MIN_TURN_BUDGET = 4
+
+
+def sampling_params(cfg: RolloutConfig, temperature: float | None = None) -> SamplingParams:
+    """The run's sampling settings for one action (``temperature`` overrides, e.g. for
+    evaluation)."""
+    return SamplingParams(temperature=cfg.temperature if temperature is None else temperature,
+                          top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
 
 
 async def run_episode(

@@ -19,7 +19,7 @@ from envs.registry import make_task_source
 from rollout.config import RolloutConfig
 from rollout.engines import make_engine
 from rollout.engines.base import SamplingParams
-from rollout.episode import run_episode
+from rollout.episode import run_episode, sampling_params
 from rollout.ports import RolloutPorts
 from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
@@ -45,10 +45,7 @@ class RolloutWorker:
         self._counts = {"groups": 0, "episodes": 0, "errors": 0, "tokens": 0, "successes": 0}
 
     def _params(self, temperature: float | None = None) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.cfg.temperature if temperature is None else temperature,
-            top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens,
-        )
+        return sampling_params(self.cfg, temperature)
 
     async def sync_weights(self, force: bool = False) -> int:
         """Stage the newest published weights, if newer; returns the version now serving."""
