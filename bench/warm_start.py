@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     from rollout.engines import make_engine
 
     cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(cfg.rollout.torch_threads)
     source = make_task_source(cfg.env)
     t0 = time.perf_counter()
     policy = ensure_policy(cfg.policy, cfg.env, source, history_turns=cfg.rollout.history_turns)
     print(f"policy {policy} ready in {time.perf_counter() - t0:.0f} s")
+    torch.set_num_threads(cfg.rollout.torch_threads)  # as a rollout worker; SFT used every core
     engine = make_engine(cfg.rollout.engine, str(policy), seed=cfg.train.seed)
     for split in ("heldout", "train"):
         print(free_running(engine, source, cfg, split, args.tasks, args.samples), flush=True)

@@ -14,6 +14,7 @@ from envs.config import HouseholdConfig
 from envs.household.env import GOAL_REACHED
 from envs.household.source import HouseholdTaskSource
 from envs.household.tasks import make_episode, plan
+from envs.household.world import ROOM_RECEPTACLES
 from envs.registry import make_task_source
 from envs.toolcalls import ToolCall, format_call
 
@@ -150,3 +151,29 @@ def test_visible_items_lists_each_receptacles_contents_in_room_descriptions():
     # the demonstration still reaches the goal
     assert episode(shown, seen, [m["content"] for m in shown.demonstration(seen)
                                  if m["role"] == "assistant"])[-1].answer == GOAL_REACHED
+
+
+def test_other_rooms_bounds_the_house_and_keeps_default_worlds():
+    # default worlds are those of earlier releases (cached warm starts and recorded results
+    # depend on them): rooms of world seeds 0-2 as build_house drew them before the option
+    assert [make_episode(s, ["place"])[0].rooms for s in range(3)] == [
+        ["kitchen", "bathroom", "bedroom"], ["kitchen", "livingroom"], ["kitchen", "bathroom"]]
+    for bound in (0, 1):
+        src = source(other_rooms=bound, goal_types=("place",), visible_items=True)
+        for task in src.tasks("train"):
+            house, _ = make_episode(task.metadata["world_seed"], ["place"], True, bound)
+            assert len(house.rooms) == 1 + bound
+            assert task.metadata["other_rooms"] == bound
+        task = src.tasks("train")[0]
+        # the episode rebuilds the same bounded world from the task's metadata, and the
+        # planner's demonstration still reaches the goal in it
+        steps = episode(src, task, [m["content"] for m in src.demonstration(task)
+                                    if m["role"] == "assistant"])  # fmt: skip
+        assert steps[-1].answer == GOAL_REACHED
+        if bound == 0:
+            assert "Other rooms: none." in task.messages[-1]["content"]
+            assert all(not c.startswith("go to ") or c[6:] not in ROOM_RECEPTACLES
+                       for c in make_episode(task.metadata["world_seed"], ["place"], True, 0)[0]
+                       .admissible())  # fmt: skip
+    with pytest.raises(ValidationError, match="other_rooms"):
+        HouseholdConfig(other_rooms=4)

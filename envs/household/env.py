@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from envs.base import Observation, StepResult, SyncEnvironment, Task, step_observation
-from envs.household.tasks import Goal, make_episode, plan
+from envs.household.tasks import Goal, plan, task_episode
 from envs.household.world import House
 from envs.toolcalls import ToolCall, parse_action
 from envs.tools import check_arguments, tool_message
@@ -64,10 +64,10 @@ class HouseholdEnv(SyncEnvironment):
 
     def start(self, task: Task) -> Observation:
         """Synchronous ``reset``; raises ValueError when the task has no world seed."""
-        seed, goal_types = task.metadata.get("world_seed"), task.metadata.get("goal_types")
-        if not isinstance(seed, int) or not goal_types:
-            raise ValueError(f"task {task.task_id}: metadata needs world_seed and goal_types")
-        self.house, self.goal = make_episode(seed, goal_types, bool(task.metadata.get("visible_items")))
+        try:
+            self.house, self.goal = task_episode(task.metadata)
+        except ValueError as e:
+            raise ValueError(f"task {task.task_id}: {e}") from None
         self.turn, self.done = 0, False
         self.distance = len(plan(self.house, self.goal))
         return Observation(messages=[], anchor=opening(self.house, self.goal))

@@ -46,7 +46,9 @@ class HouseholdTaskSource(SplitTaskSource):
 
     def _task(self, split: str, index: int, offset: int) -> Task:
         world_seed = self.cfg.seed * 1_000_000 + SPLIT_OFFSET[split] + offset
-        house, goal = make_episode(world_seed, list(self.cfg.goal_types), self.cfg.visible_items)
+        house, goal = make_episode(
+            world_seed, list(self.cfg.goal_types), self.cfg.visible_items, self.cfg.other_rooms
+        )
         commands = plan(house, goal)
         return Task(
             task_id=f"household-s{self.cfg.seed}-{split}-{index:05d}",
@@ -61,6 +63,7 @@ class HouseholdTaskSource(SplitTaskSource):
                 "world_seed": world_seed,
                 "goal_types": list(self.cfg.goal_types),
                 "visible_items": self.cfg.visible_items,
+                "other_rooms": self.cfg.other_rooms,
                 "goal": goal.text(),
                 "plan_length": len(commands),
             },

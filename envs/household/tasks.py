@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from envs.household.world import APPLIANCE, OBJECTS, STATE_WORD, House, build_house
 
@@ -48,12 +49,15 @@ class Goal:
         )
 
 
-def make_episode(seed: int, goal_types: list[str], show_items: bool = False) -> tuple[House, Goal]:
+def make_episode(
+    seed: int, goal_types: list[str], show_items: bool = False, other_rooms: int = 3
+) -> tuple[House, Goal]:
     """The house and goal of world ``seed``; the goal never holds at the start.
-    ``show_items``: room descriptions list receptacles' contents (``House.show_items``)."""
+    ``show_items``: room descriptions list receptacles' contents (``House.show_items``);
+    ``other_rooms``: most rooms besides the kitchen (``build_house``)."""
     rng = random.Random(seed)
     for _ in range(100):
-        house = build_house(rng)
+        house = build_house(rng, other_rooms)
         verb = rng.choice(sorted(goal_types))
         kinds = sorted({i.kind for i in house.items.values()
                         if verb == "place" or verb in OBJECTS[i.kind]})  # fmt: skip
@@ -68,6 +72,17 @@ def make_episode(seed: int, goal_types: list[str], show_items: bool = False) -> 
             house.show_items = show_items
             return house, goal
     raise RuntimeError(f"world seed {seed}: no valid goal found")  # never seen in practice
+
+
+def task_episode(metadata: dict[str, Any]) -> tuple[House, Goal]:
+    """The house and goal a task's metadata names (``HouseholdTaskSource`` writes it).
+    Raises ValueError when the world seed or goal types are missing."""
+    seed, goal_types = metadata.get("world_seed"), metadata.get("goal_types")
+    if not isinstance(seed, int) or not goal_types:
+        raise ValueError("household task metadata needs world_seed and goal_types")
+    return make_episode(
+        seed, goal_types, bool(metadata.get("visible_items")), int(metadata.get("other_rooms", 3))
+    )
 
 
 def _go(house: House, receptacle: str, cmds: list[str], open_it: bool = True) -> None:

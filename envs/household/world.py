@@ -156,9 +156,11 @@ class House:
         return f"You {words[0]} the {obj} using the {self.at}."
 
 
-def build_house(rng: random.Random) -> House:
-    """A random house: the kitchen plus 1-3 other rooms, 1-2 of each receptacle kind, objects."""
-    others = rng.sample(sorted(set(ROOM_RECEPTACLES) - {"kitchen"}), rng.randint(1, 3))
+def build_house(rng: random.Random, other_rooms: int = 3) -> House:
+    """A random house: the kitchen plus 1 to ``other_rooms`` other rooms (none when it is 0),
+    1-2 of each receptacle kind, objects."""
+    count = rng.randint(min(1, other_rooms), other_rooms)
+    others = rng.sample(sorted(set(ROOM_RECEPTACLES) - {"kitchen"}), count)
     rooms = ["kitchen", *sorted(others)]
     receptacles: dict[str, Receptacle] = {}
     counts: dict[str, int] = {}
