@@ -9,12 +9,15 @@ Builds (or loads from the cache) the run's policy exactly as ``turnrl train`` wo
    counts how often its greedy action is exactly the demonstrated one, per turn index.
 
 A policy can write well-formed calls and still fail every task; (2) says at which turn of the
-plan it stops following. Numbers of the household study in docs/learning.md:
+plan it stops following. Numbers of the household study in docs/learning.md (the bench's
+household warm start; the earlier, whole-house row: ``env.max_turns=10``, no
+``env.other_rooms``, ``rollout.history_turns=2``, ``policy.sft.steps=400``):
 
     python bench/warm_start.py --tasks 25 --samples 4 --set env.type=household \\
-        --set env.goal_types=[place] --set env.max_turns=10 --set env.visible_items=true \\
-        --set rollout.history_turns=2 --set policy.sft.batch_size=8 --set policy.sft.steps=400 \\
-        --set policy.sft.context_loss_weight=0.3 --set rollout.temperature=0.7
+        --set env.goal_types=[place] --set env.other_rooms=0 --set env.max_turns=8 \\
+        --set env.visible_items=true --set rollout.history_turns=1 --set policy.sft.batch_size=8 \\
+        --set policy.sft.steps=900 --set policy.sft.context_loss_weight=0.3 \\
+        --set rollout.temperature=0.7
 """
 
 from __future__ import annotations
