@@ -192,8 +192,8 @@ class HouseholdConfig(BaseModel):
     straight to places the agent cannot know (a policy imitating them guesses)."""
     other_rooms: int = Field(default=3, ge=0, le=3)
     """Most rooms besides the kitchen: each world has between 1 and this many (0: the kitchen
-    alone, about ten receptacles, where a "place" plan is 3-5 actions). Smaller worlds give
-    shorter observations and admissible lists, so a small policy can learn and explore them."""
+    alone, about ten receptacles, where a "place" plan is 3-6 actions). Smaller worlds give
+    shorter observations and admissible lists, so episodes and training rows cost less."""
 
 
 EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig, Field(discriminator="type")]
