@@ -1,4 +1,5 @@
-"""Placing the run's actors on Ray: replay, weight broker, reward, rollout workers, learner.
+"""Placing the run's actors on Ray: replay, weight broker, reward, engine group, rollout
+workers, learner.
 
 Every worker class is plain Python; this module is the one place that wraps them with
 ``ray.remote`` and gives them resources from the config.
@@ -44,17 +45,27 @@ def check_resources(cfg: RunConfig) -> None:
     """Fail fast, naming the keys, when the cluster has fewer CPUs than the run's actors ask."""
     import ray
 
-    envs = cfg.rollout.env_actors
-    need = (cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_cpus
-            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus)
+    need = run_cpus(cfg)
     have = ray.cluster_resources().get("CPU", 0)
     if need > have + 1e-9:
         raise RuntimeError(
-            f"the run needs {need:g} Ray CPUs (rollout.num_workers x rollout.num_cpus + learner.num_cpus "
+            f"the run needs {need:g} Ray CPUs (rollout.num_workers x rollout.num_cpus + "
+            "rollout.engine.count x rollout.engine.num_cpus + learner.num_cpus "
             f"+ cluster.reward_num_cpus + cluster.replay_num_cpus + rollout.env_actors.count x "
-            f"rollout.env_actors.num_cpus) but the cluster has {have:g}; "
-            "lower them (fractions are fine) or add nodes"
+            f"rollout.env_actors.num_cpus + live.num_cpus when live.enabled) but the cluster has "
+            f"{have:g}; lower them (fractions are fine) or add nodes"
         )
+    gpus = cfg.rollout.engine.count * cfg.rollout.engine.num_gpus
+    if gpus > ray.cluster_resources().get("GPU", 0) + 1e-9:
+        raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus) "
+                           f"but the cluster has {ray.cluster_resources().get('GPU', 0):g}")
+
+
+def run_cpus(cfg: RunConfig) -> float:
+    """Ray CPUs the run's core actors reserve (reward scorers and judges come on top)."""
+    envs, eng = cfg.rollout.env_actors, cfg.rollout.engine
+    return (cfg.rollout.num_workers * cfg.rollout.num_cpus + eng.count * eng.num_cpus + cfg.learner.num_cpus
+            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus)
 
 
 @dataclass
@@ -65,9 +76,11 @@ class RunActors:
     rollouts: list[Any]
     learner: Any
     envs: list[Any]
+    engines: list[Any]
+    engine_client: Any
 
     def all(self) -> list[Any]:
-        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner, *self.envs]
+        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner, *self.envs, *self.engines]
 
 
 def start_env_hosts(cfg: RunConfig) -> list[Any]:
@@ -82,6 +95,21 @@ def start_env_hosts(cfg: RunConfig) -> list[Any]:
     return [host.remote(cfg.env) for _ in range(spec.count)]
 
 
+def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) -> list[Any]:
+    """The run's engine group: ``rollout.engine.count`` actors, each following the broker."""
+    import ray
+
+    from cluster.telemetry import instrument
+    from rollout.engines.server import EngineServer
+    from rollout.ports import BrokerWeightSource
+
+    eng = cfg.rollout.engine
+    actor = ray.remote(instrument(EngineServer, "engine")).options(
+        num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, max_concurrency=eng.max_concurrency)
+    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker))
+            for i in range(eng.count)]
+
+
 def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, resume: bool = False) -> RunActors:
     import ray
 
@@ -90,6 +118,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     from learner.worker import LearnerWorker
     from replay.host import ReplayHost
     from cluster.reward_service import start_reward_service
+    from rollout.engines.client import RayEngineClient
     from rollout.ports import ActorEnvPort, ActorPorts
     from rollout.worker import RolloutWorker
     from cluster.telemetry import instrument, publish_metrics_targets
@@ -103,26 +132,27 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     reward = start_reward_service(cfg, replay, broker, str(policy_path))
     envs = start_env_hosts(cfg)
     env_ports = [ActorEnvPort(h) for h in envs] or None
+    engines = start_engines(cfg, str(policy_path), broker, run_id)
+    client = RayEngineClient(engines, str(policy_path))
     rollouts = [
         ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, max_concurrency=256).remote(
-            i, cfg.rollout, cfg.env, str(policy_path), cfg.train.seed, ActorPorts(replay, reward, broker),
-            env_ports)
+            i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
     learner = ray.remote(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
         cfg.learner, str(policy_path), run_dir, ActorLearnerPorts(replay, broker),
         group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume)
-    started = RunActors(replay, broker, reward, rollouts, learner, envs)
+    started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:
         ray.get([learner.get_version.remote(), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
-                 *[h.stats.remote() for h in envs]])
+                 *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]])
     except BaseException:
         for actor in started.all():
             ray.kill(actor)
         raise
     # Best effort: Prometheus endpoints into <run_dir>/prometheus_targets.json; never raises.
     publish_metrics_targets([("replay", replay), ("reward", reward), *[("rollout", w) for w in rollouts],
-                             ("learner", learner)], run_dir, run_id)
+                             *[("engine", e) for e in engines], ("learner", learner)], run_dir, run_id)
     return started

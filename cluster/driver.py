@@ -85,9 +85,10 @@ def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
     import ray
 
     stats = ray.get([w.stats.remote() for w in actors.rollouts])
+    engines = ray.get([e.stats.remote() for e in actors.engines])
     replay = ray.get(actors.replay.stats.remote())
     now = time.time()
-    tokens = sum(s["engine_tokens"] for s in stats)
+    tokens = sum(s["tokens"] for s in engines)
     episodes = sum(s["episodes"] for s in stats)
     dt = max(now - last.get("t", now - 1), 1e-9)
     out = {"throughput/gen_tokens_per_s": (tokens - last.get("tokens", 0)) / dt,

@@ -73,10 +73,10 @@ def check_cpus(cfg: RunConfig, n_scorers: int, n_judges: int) -> None:
     an actor that never fits would leave the run waiting forever."""
     import ray
 
+    from cluster.actors import run_cpus
+
     rc = cfg.rewards.service
-    need = (cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_cpus
-            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus
-            + n_scorers * rc.scorer_num_cpus + n_judges * rc.judge_num_cpus)
+    need = run_cpus(cfg) + n_scorers * rc.scorer_num_cpus + n_judges * rc.judge_num_cpus
     have = ray.cluster_resources().get("CPU", 0)
     if need > have + 1e-9:
         raise RuntimeError(

@@ -7,7 +7,35 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class HFEngineConfig(BaseModel):
+class EngineGroupConfig(BaseModel):
+    """Settings every engine kind shares: the engine group's size and each actor's resources.
+
+    Engines run in their own Ray actors; rollout workers and the live gateway are clients of
+    the whole group."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    count: int = Field(1, ge=1)
+    """Engine actors in the group; requests are spread over them (a live session sticks to
+    one engine)."""
+    num_cpus: float = Field(0.4, gt=0)
+    """Ray CPUs reserved per engine actor."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs reserved per engine actor (0 on CPU machines)."""
+    torch_threads: int = Field(1, ge=1)
+    """Intra-op threads per engine actor."""
+    max_concurrency: int = Field(1024, ge=1)
+    """Requests one engine actor accepts at once (Ray actor concurrency)."""
+    weight_update: Literal["in_flight", "between_batches"] = "in_flight"
+    """When a new version loads. ``in_flight``: between two decoding steps, so requests in
+    flight continue on the new weights and record the version change (no request waits).
+    ``between_batches``: only when no batch is running, so every completion has one version
+    (updates wait for in-flight requests to finish)."""
+    weight_poll_s: float = Field(0.2, gt=0)
+    """Seconds between an engine's polls of the learner's weight broker."""
+
+
+class HFEngineConfig(EngineGroupConfig):
     """Hugging Face transformers engine: batched sampling with a KV cache on CPU or GPU."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -72,9 +100,10 @@ class RolloutConfig(BaseModel):
     PRM, judge) still read the whole episode."""
     engine: EngineConfig = HFEngineConfig()
     """Inference engine settings."""
-    num_cpus: float = Field(0.5, gt=0)
-    """Ray CPUs reserved per rollout actor."""
+    num_cpus: float = Field(0.1, gt=0)
+    """Ray CPUs reserved per rollout actor (it steps environments; engines generate)."""
     env_actors: EnvActorsConfig = EnvActorsConfig()
     """Where environments run: inside the rollout actors (default) or in their own actors."""
     torch_threads: int = Field(1, ge=1)
-    """Intra-op threads per rollout actor."""
+    """Intra-op threads per rollout actor (environments and tokenization; generation threads
+    are ``engine.torch_threads``)."""

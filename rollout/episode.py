@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from envs.base import Environment, Task
 from rollout import chat
 from rollout.config import RolloutConfig
-from rollout.engines.base import Engine, SamplingParams
+from rollout.engines.base import SamplingParams
+from rollout.engines.client import EngineClient
 from rollout.trajectory import Trajectory, Turn, window_start
 
 _MIN_TURN_BUDGET = 4
@@ -32,7 +33,7 @@ def sampling_params(cfg: RolloutConfig, temperature: float | None = None) -> Sam
 
 
 async def run_episode(
-    engine: Engine,
+    engine: EngineClient,
     env: Environment,
     task: Task,
     params: SamplingParams,
@@ -69,7 +70,7 @@ class _Window:
     history_turns: int | None
 
 
-async def _play(engine: Engine, env: Environment, traj: Trajectory, anchor: str,
+async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor: str,
                 params: SamplingParams, window: _Window, timings: dict[str, float]) -> None:
     tok = engine.tokenizer
     for t in range(env.max_turns):
@@ -88,6 +89,7 @@ async def _play(engine: Engine, env: Environment, traj: Trajectory, anchor: str,
         timings["env"] += time.perf_counter() - t1
         turn = Turn(
             action_ids=comp.token_ids, action_logprobs=comp.logprobs, policy_version=comp.version,
+            version_spans=comp.version_spans if len(comp.version_spans) > 1 else [],
             anchor_observation=anchor, tool_calls=step.tool_calls, invalid_action=step.invalid_action,
             rewards={"env": float(step.reward)}, text=text, context_start=start,
         )

@@ -1,15 +1,16 @@
-"""The rollout actor's outlets, as plain async callables.
+"""The rollout side's outlets, as plain async callables.
 
-The worker never imports Ray: the driver hands it actor handles, and this adapter turns them
-into the four calls the worker makes. A test (or a future in-process deployment) can pass
-any object with the same coroutine methods.
+The worker never imports Ray: the driver hands it actor handles, and these adapters turn them
+into the calls the worker (and the engine servers) make. A test (or a future in-process
+deployment) can pass any object with the same coroutine methods.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from envs.base import Observation, StepResult, Task
+from rollout.engines.transport import ObjectStoreWeights, WeightHandle
 from rollout.trajectory import Group
 
 
@@ -17,14 +18,13 @@ class RolloutPorts(Protocol):
     async def reserve(self, n: int) -> int: ...
     async def release(self, n: int) -> None: ...
     async def submit(self, group: Group) -> Any: ...
-    async def latest_weights(self, have: int) -> tuple[int, Mapping[str, Any]] | None: ...
 
 
 class ActorPorts:
-    """Ports backed by Ray actor handles (replay, reward, weight broker)."""
+    """Ports backed by Ray actor handles (replay, reward)."""
 
-    def __init__(self, replay: Any, reward: Any, broker: Any) -> None:
-        self.replay, self.reward, self.broker = replay, reward, broker
+    def __init__(self, replay: Any, reward: Any) -> None:
+        self.replay, self.reward = replay, reward
 
     async def reserve(self, n: int) -> int:
         return await self.replay.reserve.remote(n)
@@ -35,12 +35,20 @@ class ActorPorts:
     async def submit(self, group: Group) -> Any:
         return await self.reward.submit.remote(group)
 
-    async def latest_weights(self, have: int) -> tuple[int, Mapping[str, Any]] | None:
+
+class BrokerWeightSource:
+    """The learner's weight broker as an engine's weight source: newer versions come back as
+    object-store handles, fetched by the engine only when it loads them."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    async def latest(self, have: int) -> tuple[int, WeightHandle] | None:
         got = await self.broker.latest.remote(have)
         if got is None:
             return None
         version, boxed = got  # the state dict travels as an object ref inside a list
-        return version, await boxed[0]
+        return version, ObjectStoreWeights(boxed)
 
 
 class ActorEnvPort:

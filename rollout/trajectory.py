@@ -14,7 +14,9 @@ With a history window (``rollout.history_turns``) turn ``t`` was sampled from
 records where its context began, and ``segments()`` splits the trajectory into the rows the
 learner trains, each the exact context its turns were sampled from.
 
-JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 1.
+JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 2.
+Version 2 added ``Turn.version_spans`` (weights versions within a turn, for in-flight weight
+updates); version 1 files still read, their turns having one version each.
 Rewards live per turn in ``Turn.rewards`` keyed by source (``outcome``, ``ig``, ``prm``,
 ``match``, ``env``); ``None`` means the source was asked for but failed (masked, never zero).
 """
@@ -28,8 +30,10 @@ from typing import Any, Iterable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.toolcalls import ToolCall
+from rollout.engines.base import expand_spans
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 REWARD_SOURCES = ("outcome", "ig", "prm", "match", "env")
 FinishReason = Literal["answer", "max_turns", "max_tokens", "error"]
 
@@ -44,7 +48,10 @@ class Turn(BaseModel):
     action_logprobs: list[float]
     """Behaviour log-probabilities of ``action_ids`` under the sampling distribution."""
     policy_version: int
-    """Weights version that generated this turn."""
+    """Weights version that generated this turn's first token."""
+    version_spans: list[tuple[int, int]] = []
+    """``(first action token index, version)`` spans when the weights changed while the turn
+    was sampled (an in-flight update); empty: every token is ``policy_version``'s."""
     observation_ids: list[int] = []
     """Tokens appended after the action (tool results, next assistant header). No loss."""
     anchor_observation: str = ""
@@ -70,7 +77,21 @@ class Turn(BaseModel):
                 f"action_ids has {len(self.action_ids)} tokens but action_logprobs has "
                 f"{len(self.action_logprobs)}: record one behaviour log-prob per sampled token"
             )
+        spans = self.version_spans
+        if spans and (spans[0] != (0, self.policy_version)
+                      or any(b[0] <= a[0] for a, b in zip(spans, spans[1:]))
+                      or spans[-1][0] >= max(len(self.action_ids), 1)):
+            raise ValueError(
+                f"version_spans {spans} must start with (0, policy_version={self.policy_version}) "
+                f"and have increasing token indices below the turn's {len(self.action_ids)} tokens")
         return self
+
+    def versions(self) -> list[int]:
+        """The weights version of each action token."""
+        return expand_spans(self.version_spans or [(0, self.policy_version)], len(self.action_ids))
+
+    def min_version(self) -> int:
+        return min((v for _, v in self.version_spans), default=self.policy_version)
 
 
 def window_start(turn: int, history_turns: int | None) -> int:
@@ -119,10 +140,10 @@ class Trajectory(BaseModel):
 
     @model_validator(mode="after")
     def _version(self) -> "Trajectory":
-        if self.schema_version != SCHEMA_VERSION:
+        if self.schema_version not in READABLE_SCHEMA_VERSIONS:
             raise ValueError(
                 f"schema_version {self.schema_version} is not supported (this build reads "
-                f"{SCHEMA_VERSION})"
+                f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})"
             )
         prev = 0
         for t, turn in enumerate(self.turns):
@@ -196,7 +217,7 @@ class Trajectory(BaseModel):
         return sum(len(t.action_ids) for t in self.turns)
 
     def min_version(self) -> int:
-        return min((t.policy_version for t in self.turns), default=0)
+        return min((t.min_version() for t in self.turns), default=0)
 
 
 class Group(BaseModel):

@@ -1,34 +1,32 @@
-"""The rollout worker: many concurrent episodes on one engine, complete groups handed on.
+"""The rollout worker: many concurrent episodes on the engine service, complete groups handed on.
 
-Plain Python; the driver wraps it with ``ray.remote``. In async mode ``run()`` loops until
-stopped: it asks replay for admission, starts groups, submits finished ones, and adopts newer
-weights between batches without ever waiting for the learner. ``collect()`` is the sync-mode
-counterpart and ``evaluate()`` scores held-out tasks.
+Plain Python; the driver wraps it with ``ray.remote``. It holds an engine client (the run's
+engine group, shared with the live gateway; or an in-process engine in tests); the engines
+follow the learner's weights themselves. In async mode ``run()`` loops until stopped: it asks
+replay for admission, starts groups and submits finished ones, never waiting for the learner.
+``collect()`` is the sync-mode counterpart and ``evaluate()`` scores held-out tasks; both first
+bring the engines to the newest weights.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import time
 import uuid
 from typing import Any
 
 from envs.base import Task
 from envs.registry import make_task_source
 from rollout.config import RolloutConfig
-from rollout.engines import make_engine
 from rollout.engines.base import SamplingParams
+from rollout.engines.client import EngineClient
 from rollout.episode import run_episode, sampling_params
 from rollout.ports import RolloutPorts
 from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
 
-_WEIGHT_POLL_S = 0.2
-
-
 class RolloutWorker:
-    def __init__(self, worker_id: int, cfg: RolloutConfig, env_cfg: Any, model_path: str,
+    def __init__(self, worker_id: int, cfg: RolloutConfig, env_cfg: Any, engine: EngineClient,
                  seed: int, ports: RolloutPorts, env_hosts: list[EnvHostPort] | None = None) -> None:
         import torch
 
@@ -37,25 +35,14 @@ class RolloutWorker:
         self.source = make_task_source(env_cfg)
         # Episodes run here, or in environment actors when the run configures them.
         self._envs = HostPicker(env_hosts) if env_hosts else self.source
-        self.engine = make_engine(cfg.engine, str(model_path), seed=seed * 1000 + worker_id)
+        self.engine = engine
         self._train = self.source.tasks("train")
         self._rng = random.Random(seed * 7919 + worker_id)
         self._stop = asyncio.Event()
-        self._last_poll = 0.0
         self._counts = {"groups": 0, "episodes": 0, "errors": 0, "tokens": 0, "successes": 0}
 
     def _params(self, temperature: float | None = None) -> SamplingParams:
         return sampling_params(self.cfg, temperature)
-
-    async def sync_weights(self, force: bool = False) -> int:
-        """Stage the newest published weights, if newer; returns the version now serving."""
-        now = time.monotonic()
-        if force or now - self._last_poll >= _WEIGHT_POLL_S:
-            self._last_poll = now
-            got = await self.ports.latest_weights(self.engine.version)
-            if got is not None:
-                self.engine.update_weights(got[1], got[0])
-        return self.engine.version
 
     async def run_group(self, task: Task, n: int, params: SamplingParams, count: bool = True) -> Group:
         """G rollouts of one task, concurrently (their turns share engine batches)."""
@@ -96,7 +83,6 @@ class RolloutWorker:
         active: set[asyncio.Task] = set()
         try:
             while not self._stop.is_set():
-                await self.sync_weights()
                 want = self.cfg.groups_in_flight - len(active)
                 granted = await self.ports.reserve(want) if want > 0 else 0
                 active |= {asyncio.create_task(self._produce_one()) for _ in range(granted)}
@@ -115,14 +101,14 @@ class RolloutWorker:
 
     async def collect(self, n_groups: int) -> int:
         """Sync mode: generate and submit ``n_groups`` with the newest weights; returns count."""
-        await self.sync_weights(force=True)
+        await self.engine.sync_weights()
         granted = await self.ports.reserve(n_groups)
         await asyncio.gather(*[self._produce_one() for _ in range(granted)])
         return granted
 
     async def evaluate(self, tasks: list[Task], samples: int, temperature: float) -> list[dict[str, Any]]:
         """Success per task (mean over ``samples``) with the newest weights."""
-        await self.sync_weights(force=True)
+        await self.engine.sync_weights()
         params = self._params(temperature)
         groups = await asyncio.gather(*[self.run_group(t, samples, params, count=False) for t in tasks])
         return [
@@ -135,5 +121,4 @@ class RolloutWorker:
         self._stop.set()
 
     def stats(self) -> dict[str, float]:
-        return {**self._counts, **{f"engine_{k}": v for k, v in self.engine.stats().items()},
-                "version": self.engine.version}
+        return {**self._counts, "version": self.engine.version}

@@ -12,13 +12,15 @@ pytestmark = pytest.mark.slow
 
 
 class _NoPorts:
-    """run_group needs no replay, reward or weights."""
+    """run_group needs no replay or reward."""
 
 
 def _worker(cfg, policy: str, env_ports):
+    from rollout.engines import local_client
     from rollout.worker import RolloutWorker
 
-    return RolloutWorker(0, cfg.rollout, cfg.env, policy, 0, _NoPorts(), env_ports)
+    return RolloutWorker(0, cfg.rollout, cfg.env, local_client(cfg.rollout.engine, policy), 0, _NoPorts(),
+                         env_ports)
 
 
 def test_episodes_run_in_env_actors_and_survive_a_crash(tiny_run_config, tiny_policy, ray_cluster) -> None:

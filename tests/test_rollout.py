@@ -51,15 +51,17 @@ def test_behaviour_logprobs_match_a_plain_forward(engine) -> None:
         assert comp.version == 0 and len(comp.token_ids) == len(comp.logprobs) <= 12
 
 
-def test_greedy_is_deterministic_and_weights_update_between_batches(engine) -> None:
+def test_greedy_is_deterministic_and_an_idle_engine_loads_weights_at_once(engine) -> None:
+    from rollout.engines.transport import InMemoryWeights
+
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     a = asyncio.run(engine.generate([5, 6, 7], params))
     b = asyncio.run(engine.generate([5, 6, 7], params))
     assert a.token_ids == b.token_ids
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
-    engine.update_weights(state, version=3)
+    assert asyncio.run(engine.update_weights(3, InMemoryWeights(state))) == 3
     c = asyncio.run(engine.generate([5, 6, 7], params))
-    assert c.version == 3 and c.token_ids == a.token_ids
+    assert c.version == 3 and c.version_spans == [(0, 3)] and c.token_ids == a.token_ids
 
 
 class _Exploding(Environment):
@@ -117,9 +119,9 @@ class _Recording:
     def tokenizer(self):
         return self.inner.tokenizer
 
-    async def generate(self, prompt_ids, params):
+    async def generate(self, prompt_ids, params, request_id=None, session_id=None):
         self.contexts.append(list(prompt_ids))
-        return await self.inner.generate(prompt_ids, params)
+        return await self.inner.generate(prompt_ids, params, request_id)
 
 
 def test_history_window_bounds_what_the_engine_sees(engine) -> None:

@@ -170,7 +170,7 @@ def test_status_logs_and_actor_metrics(stack: Stack) -> None:
         endpoints = wait_for(lambda: client.status(run_id)["metrics_endpoints"], "actor metrics endpoints")
     assert len(endpoints) == 4  # replay, reward, rollout, learner
     text = "".join(httpx.get(f"http://{ep}/metrics", timeout=10).text for ep in endpoints)
-    assert "turnrl_learner_steps_total{run=" in text and "turnrl_rollout_generated_tokens_total" in text
+    assert "turnrl_learner_steps_total{run=" in text and "turnrl_engine_generated_tokens_total" in text
     assert "turnrl_replay_staleness_versions_bucket" in text and "turnrl_reward_trajectories_total" in text
     mirrored = stack.tmp / "state" / "prometheus" / f"{run_id}.json"  # what deploy/prometheus.yml globs
     wait_for(mirrored.exists, "the file_sd mirror of run A", timeout_s=30)

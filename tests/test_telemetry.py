@@ -34,16 +34,26 @@ def value(samples: list, name: str, **labels: str) -> float:
 
 
 def test_rollout_stats_map_to_named_families() -> None:
-    stats = {"groups": 3, "episodes": 12, "errors": 1, "tokens": 400, "successes": 5, "engine_tokens": 900.0,
-             "engine_batches": 30.0, "engine_rows": 60.0, "engine_decode_s": 4.5, "engine_weight_loads": 2.0,
+    stats = {"groups": 3, "episodes": 12, "errors": 1, "tokens": 400, "successes": 5, "extra_key": 60.0,
              "version": 2}
     families = {f.name: f for f in build_families("rollout", stats, {"run": "r1", "worker": "0"})}
-    gen = families["turnrl_rollout_generated_tokens"]
-    assert gen.type == "counter" and gen.samples[0].value == 900.0
-    assert gen.samples[0].labels == {"run": "r1", "worker": "0"}
+    eps = families["turnrl_rollout_episodes"]
+    assert eps.type == "counter" and eps.samples[0].value == 12
+    assert eps.samples[0].labels == {"run": "r1", "worker": "0"}
     assert families["turnrl_rollout_policy_version"].type == "gauge"
-    assert families["turnrl_rollout_episodes"].samples[0].value == 12
-    assert "engine_rows" not in {s.key for s in SPECS["rollout"]}  # unmapped keys are ignored, not errors
+    assert "extra_key" not in {s.key for s in SPECS["rollout"]}  # unmapped keys are ignored, not errors
+
+
+def test_engine_stats_map_to_named_families() -> None:
+    stats = {"tokens": 900.0, "batches": 30.0, "rows": 60.0, "decode_s": 4.5, "weight_loads": 2.0,
+             "requests": 70.0, "aborted": 1.0, "open_requests": 3.0, "weight_changes_mid_request": 4.0,
+             "version": 2.0}
+    families = {f.name: f for f in build_families("engine", stats, {"run": "r1"})}
+    gen = families["turnrl_engine_generated_tokens"]
+    assert gen.type == "counter" and gen.samples[0].value == 900.0
+    assert families["turnrl_engine_open_requests"].type == "gauge"
+    assert families["turnrl_engine_open_requests"].samples[0].value == 3.0
+    assert families["turnrl_engine_requests_spanning_versions"].samples[0].value == 4.0
 
 
 def test_replay_host_serves_depth_and_staleness_histogram() -> None:
@@ -168,7 +178,7 @@ def test_instrumented_class_keeps_name_and_pickles_by_value() -> None:
     assert cls.__name__ == "ReplayHost" and issubclass(cls, ReplayHost)
     assert not hasattr(ReplayHost, "start_metrics_server")  # the worker class itself is untouched
     assert cloudpickle.loads(cloudpickle.dumps(cls)).__name__ == "ReplayHost"  # what ray.remote does
-    with pytest.raises(ValueError, match="known: rollout, reward, replay, learner"):
+    with pytest.raises(ValueError, match="known: engine, rollout, reward, replay, learner"):
         instrument(ReplayHost, "replayy")
 
 

@@ -1,9 +1,11 @@
-"""Inference engines, keyed by ``rollout.engine.type``.
+"""Inference engines, keyed by ``rollout.engine.type``, and the service around them.
 
 An engine turns prompt token ids into sampled token ids with their behaviour log-probs and the
-weights version that produced them. Requests are independent coroutines, so an engine may
-batch them (HF), schedule them continuously (vLLM) or serve them to outside callers (an
-OpenAI-compatible endpoint) without the episode code changing.
+weights version of every token (``base``). Engines run as services (``server``: a Ray actor
+each, an engine group per run) that rollout workers and the live gateway reach through one
+client interface (``client``); new weights arrive through a transport handle (``transport``).
+Requests are independent coroutines with ids, so an engine may batch them (HF), schedule them
+continuously (vLLM) or stream them to outside callers without the episode code changing.
 """
 
 from __future__ import annotations
@@ -30,4 +32,11 @@ def make_engine(cfg: Any, model_path: str, seed: int = 0) -> Engine:
     return factory(cfg, model_path, seed)
 
 
-__all__ = ["Completion", "Engine", "SamplingParams", "ENGINES", "make_engine"]
+def local_client(cfg: Any, model_path: str, seed: int = 0, weights: Any = None) -> Any:
+    """An engine in this process behind the client interface (tests, benches, tools)."""
+    from rollout.engines.client import LocalEngineClient
+
+    return LocalEngineClient(make_engine(cfg, model_path, seed), weights)
+
+
+__all__ = ["Completion", "Engine", "SamplingParams", "ENGINES", "make_engine", "local_client"]

@@ -1,10 +1,26 @@
-"""The engine interface: token ids in, sampled token ids and behaviour log-probs out."""
+"""The engine interface: token ids in; sampled token ids, behaviour log-probs and the weights
+version of every token out.
+
+An engine serves concurrent requests. Each request has an id, can be streamed (one ``Chunk``
+per decoding step) and aborted; the engine can be paused and resumed, and takes new weights
+as an async call that never fails a request. With in-flight updates a completion's tokens may
+come from two versions: ``Completion.version_spans`` records where each version begins.
+"""
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, AsyncIterator, Literal
+
+from rollout.engines.transport import WeightHandle
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -15,21 +31,62 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
     """Generation ends after any of these (the end-of-turn token is always one)."""
+    n: int = 1
+    """Completions of one prompt, for ``generate_n``; each is its own request."""
 
 
 @dataclass
 class Completion:
+    request_id: str
     token_ids: list[int]
     logprobs: list[float]
     """log pi_behaviour(token) under the tempered distribution that sampled it."""
-    finish_reason: Literal["stop", "length"]
-    version: int
-    """Weights version that produced every token of this completion."""
+    finish_reason: FinishReason
+    version_spans: list[tuple[int, int]]
+    """``(first token index, weights version)``: tokens from each index on, up to the next
+    span, were sampled with that version. Starts at index 0; one span unless weights changed
+    mid-completion."""
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def version(self) -> int:
+        """Version of the first token (the oldest weights in the completion)."""
+        return self.version_spans[0][1]
+
+    def versions(self) -> list[int]:
+        """The weights version of each token."""
+        return expand_spans(self.version_spans, len(self.token_ids))
+
+
+@dataclass
+class Chunk:
+    """The tokens one decoding step added to a streamed request."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: FinishReason | None = None
+    """Set on the request's last chunk."""
+
+
+def expand_spans(spans: list[tuple[int, int]], n_tokens: int) -> list[int]:
+    """Per-token versions from ``(start, version)`` spans."""
+    out: list[int] = []
+    for k, (start, version) in enumerate(spans):
+        stop = spans[k + 1][0] if k + 1 < len(spans) else n_tokens
+        out += [version] * (stop - start)
+    return out
+
+
+def add_span(spans: list[tuple[int, int]], index: int, version: int) -> None:
+    """Record that token ``index`` was sampled with ``version`` (a new span only on change)."""
+    if not spans or spans[-1][1] != version:
+        spans.append((index, version))
 
 
 class Engine(ABC):
-    """Serves concurrent generate() calls; adopts new weights only between batches."""
+    """Serves concurrent requests; see the module docstring for the contract."""
 
     @property
     @abstractmethod
@@ -42,12 +99,33 @@ class Engine(ABC):
         """The tokenizer matching the served model."""
 
     @abstractmethod
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    def stream(self, prompt_ids: list[int], params: SamplingParams,
+               request_id: str | None = None) -> AsyncIterator[Chunk]:
+        """Sample one completion of ``prompt_ids``, one chunk per decoding step. Closing the
+        iterator early aborts the request."""
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> Completion:
         """Sample one completion of ``prompt_ids``."""
 
     @abstractmethod
-    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        """Stage new weights; they take effect before the next batch starts, never mid-batch."""
+    async def abort(self, request_id: str) -> bool:
+        """End a waiting or running request now (finish reason ``abort``, the tokens sampled
+        so far kept); False when no such request is open."""
+
+    @abstractmethod
+    async def pause(self) -> None:
+        """Stop producing tokens at the next step boundary; requests stay open."""
+
+    @abstractmethod
+    async def resume(self) -> None:
+        """Continue after ``pause``."""
+
+    @abstractmethod
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        """Load ``version`` from ``handle`` without failing any request; returns the version
+        serving once it is loaded (a newer one may have superseded it)."""
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics (tokens generated, batches, mean batch size ...)."""

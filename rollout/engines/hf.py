@@ -1,30 +1,45 @@
 """Hugging Face transformers engine: dynamic batching of concurrent requests, KV-cache decoding.
 
-Concurrent ``generate`` calls are queued; a batcher task takes whatever is waiting (up to
-``max_batch``), left-pads it, prefills once and decodes token by token with the model's KV
-cache, sampling each row at its own temperature. The decode loop runs in a worker thread so
-the actor's event loop keeps stepping environments meanwhile. Staged weights are loaded
-between batches, so every completion carries exactly one weights version.
+Concurrent requests are queued; a batcher task takes whatever is waiting (up to ``max_batch``),
+left-pads it, prefills once and decodes token by token with the model's KV cache, sampling
+each row at its own temperature. The decode loop runs in a worker thread so the event loop
+keeps serving (streams, aborts, weight updates, environment steps) meanwhile.
+
+Between decoding steps the thread honours the control plane: aborted rows finish, a pause
+holds the batch, and staged weights are loaded (``weight_update: in_flight``, the default), so
+a long completion continues on the new weights and records the version change; with
+``between_batches`` weights change only when no batch is running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
 
 import torch
 
 from rollout.config import HFEngineConfig
-from rollout.engines.base import Completion, Engine, SamplingParams
+from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, new_request_id
+from rollout.engines.transport import WeightHandle
+
+_PAUSE_POLL_S = 0.005
 
 
 @dataclass
 class _Request:
+    request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future
+    stream: asyncio.Queue | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    aborted: bool = False
+    t0: float = field(default_factory=time.perf_counter)
 
 
 def sample_tokens(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, gen: torch.Generator):
@@ -54,12 +69,18 @@ class HFEngine(Engine):
         dtype = getattr(torch, cfg.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(cfg.device).eval()
         self._version = 0
-        self._pending: tuple[Mapping[str, Any], int] | None = None
+        self._staged: tuple[Mapping[str, Any], int] | None = None
+        self._staged_lock = threading.Lock()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._open: dict[str, _Request] = {}
         self._queue: asyncio.Queue[_Request] | None = None
         self._batcher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._busy = False
         self._gen = torch.Generator().manual_seed(seed)
-        self._stats = {"tokens": 0.0, "batches": 0.0, "rows": 0.0, "decode_s": 0.0, "weight_loads": 0.0}
+        self._stats = {"tokens": 0.0, "batches": 0.0, "rows": 0.0, "decode_s": 0.0, "weight_loads": 0.0,
+                       "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0}
 
     @property
     def version(self) -> int:
@@ -69,34 +90,119 @@ class HFEngine(Engine):
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def update_weights(self, state: Mapping[str, Any], version: int) -> None:
-        if version > self._version:
-            self._pending = (state, version)
-            if self._queue is None:  # idle engine: apply at once
-                self._apply_pending()
+    # -- weights ---------------------------------------------------------------------------
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        if version <= self._version:
+            return self._version
+        state = await handle.load()
+        self._check_fits(state, version)  # refuse bad weights here, never inside a batch
+        with self._staged_lock:
+            if self._staged is None or version > self._staged[1]:
+                self._staged = (state, version)
+        if not self._busy:  # idle: the batcher cannot start a batch before this returns
+            self._apply_staged()
+        while self._waiting_for(version):
+            await asyncio.sleep(_PAUSE_POLL_S)  # loaded at the next step or batch boundary
+        return self._version
 
-    def _apply_pending(self) -> None:
-        if self._pending is None:
-            return
-        state, version = self._pending
-        self._pending = None
-        missing, unexpected = self.model.load_state_dict(dict(state), strict=False)
+    def _waiting_for(self, version: int) -> bool:
+        with self._staged_lock:  # an apply holds the lock from taking the staged state to done
+            return self._version < version and self._staged is not None
+
+    def _check_fits(self, state: Mapping[str, Any], version: int) -> None:
+        have = set(self.model.state_dict())
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"weights v{version} do not fit the engine's model: missing={missing} unexpected={unexpected}")
-        self._version = version
+        missing, unexpected = sorted(have - set(state) - tied), sorted(set(state) - have)
+        if missing or unexpected:
+            raise ValueError(f"weights v{version} do not fit the engine's model: "
+                             f"missing={missing[:5]} unexpected={unexpected[:5]}")
+
+    def _apply_staged(self) -> None:
+        with self._staged_lock:
+            staged, self._staged = self._staged, None
+            if staged is None:
+                return
+            state, version = staged
+            self.model.load_state_dict(dict(state), strict=False)
+            self._version = version
         self._stats["weight_loads"] += 1
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    # -- control ---------------------------------------------------------------------------
+    async def pause(self) -> None:
+        self._resumed.clear()
+
+    async def resume(self) -> None:
+        self._resumed.set()
+
+    async def abort(self, request_id: str) -> bool:
+        req = self._open.get(request_id)
+        if req is None:
+            return False
+        req.aborted = True  # a running row ends at the next step; a waiting one when dequeued
+        return True
+
+    # -- requests --------------------------------------------------------------------------
+    def _submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None,
+                stream: bool) -> _Request:
+        request_id = request_id or new_request_id()
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first call, or a new event loop (e.g. a fresh asyncio.run)
             self._loop, self._queue = loop, asyncio.Queue()
             self._batcher = loop.create_task(self._run_batcher())
         if self._batcher.done() and self._batcher.exception():
             raise RuntimeError("engine batcher died") from self._batcher.exception()
-        fut = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Request(list(prompt_ids), params, fut))
-        return await fut
+        if request_id in self._open:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = _Request(request_id, list(prompt_ids), params, loop.create_future(),
+                       asyncio.Queue() if stream else None)
+        self._open[request_id] = req
+        self._stats["requests"] += 1
+        self._queue.put_nowait(req)
+        return req
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> Completion:
+        req = self._submit(prompt_ids, params, request_id, stream=False)
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.aborted = True
+            raise
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams,
+                     request_id: str | None = None) -> AsyncIterator[Chunk]:
+        req = self._submit(prompt_ids, params, request_id, stream=True)
+        assert req.stream is not None
+        try:
+            while True:
+                chunk = await req.stream.get()
+                if isinstance(chunk, BaseException):
+                    raise chunk
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            req.aborted = True  # a consumer that stops early frees the row
+
+    def _finish(self, req: _Request, reason: str, exc: BaseException | None = None) -> None:
+        """Resolve a request (on the event loop thread)."""
+        self._open.pop(req.request_id, None)
+        if exc is not None:
+            if not req.future.done():
+                req.future.set_exception(exc)
+                req.future.exception()  # a streamed request's future is never awaited
+            if req.stream is not None:
+                req.stream.put_nowait(exc)
+            return
+        self._stats["aborted"] += reason == "abort"
+        if not req.spans:
+            req.spans.append((0, self._version))
+        done = Completion(req.request_id, req.token_ids, req.logprobs, reason, req.spans,  # type: ignore[arg-type]
+                          {"generate": time.perf_counter() - req.t0})
+        if not req.future.done():
+            req.future.set_result(done)
+        if req.stream is not None:
+            req.stream.put_nowait(Chunk(req.request_id, [], [], done.version_spans[-1][1], reason))  # type: ignore[arg-type]
 
     async def _run_batcher(self) -> None:
         assert self._queue is not None
@@ -106,20 +212,52 @@ class HFEngine(Engine):
                 await asyncio.sleep(self.cfg.batch_wait_ms / 1000)
             while not self._queue.empty() and len(batch) < self.cfg.max_batch:
                 batch.append(self._queue.get_nowait())
-            self._apply_pending()
+            for req in [r for r in batch if r.aborted]:
+                self._finish(req, "abort")
+            batch = [r for r in batch if not r.aborted]
+            while not self._resumed.is_set():
+                self._apply_staged()  # pause, load, resume: loads happen while paused too
+                await asyncio.sleep(_PAUSE_POLL_S)
+            self._apply_staged()
+            if not batch:
+                continue
+            self._busy = True
             try:
-                results = await asyncio.to_thread(self._decode, batch)
+                await asyncio.to_thread(self._decode, batch)
             except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
                 for req in batch:
-                    if not req.future.done():
-                        req.future.set_exception(exc)
-                continue
-            for req, res in zip(batch, results):
-                if not req.future.done():
-                    req.future.set_result(res)
+                    if req.request_id in self._open:
+                        self._finish(req, "abort", exc)
+            finally:
+                self._busy = False
+            self._apply_staged()
+
+    # -- the decode thread -----------------------------------------------------------------
+    def _step_boundary(self) -> None:
+        """Between two decoding steps: wait out a pause, load staged weights."""
+        in_flight = self.cfg.weight_update == "in_flight"
+        while not self._resumed.wait(_PAUSE_POLL_S):
+            if in_flight:
+                self._apply_staged()
+        if in_flight:
+            self._apply_staged()
+
+    def _emit(self, req: _Request, token: int, logprob: float, reason: str | None) -> None:
+        """Record one sampled token (decode thread) and hand it to the event loop."""
+        add_span(req.spans, len(req.token_ids), self._version)
+        if len(req.spans) == 2 and req.spans[1][0] == len(req.token_ids):
+            self._stats["weight_changes_mid_request"] += 1
+        req.token_ids.append(token)
+        req.logprobs.append(logprob)
+        assert self._loop is not None
+        if req.stream is not None:
+            chunk = Chunk(req.request_id, [token], [logprob], self._version)
+            self._loop.call_soon_threadsafe(req.stream.put_nowait, chunk)
+        if reason is not None:
+            self._loop.call_soon_threadsafe(self._finish, req, reason)
 
     @torch.no_grad()
-    def _decode(self, batch: list[_Request]) -> list[Completion]:
+    def _decode(self, batch: list[_Request]) -> None:
         t0 = time.perf_counter()
         dev = self.cfg.device
         n, width = len(batch), max(len(r.prompt_ids) for r in batch)
@@ -137,34 +275,34 @@ class HFEngine(Engine):
         stops = [set(r.params.stop_token_ids) | {self._tokenizer.eos_token_id} for r in batch]
         out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
         next_pos = pos[:, -1:] + 1
-        toks: list[list[int]] = [[] for _ in batch]
-        lps: list[list[float]] = [[] for _ in batch]
-        reasons: list[str | None] = [None] * n
+        live = [True] * n
         for _ in range(max(limits)):
+            self._step_boundary()
             tok, lp = sample_tokens(out.logits[:, -1], temps, top_p, self._gen)
             for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
-                if reasons[i] is None:
-                    toks[i].append(t)
-                    lps[i].append(l)
-                    if t in stops[i]:
-                        reasons[i] = "stop"
-                    elif len(toks[i]) >= limits[i]:
-                        reasons[i] = "length"
-            if all(reasons):
+                if not live[i]:
+                    continue
+                req = batch[i]
+                if req.aborted:
+                    live[i] = False
+                    self._loop.call_soon_threadsafe(self._finish, req, "abort")
+                    continue
+                reason = "stop" if t in stops[i] else "length" if len(req.token_ids) + 1 >= limits[i] else None
+                live[i] = reason is None
+                self._emit(req, t, l, reason)
+            if not any(live):
                 break
             att = torch.cat([att, torch.ones((n, 1), dtype=att.dtype, device=dev)], dim=1)
             out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=att, position_ids=next_pos,
                              past_key_values=out.past_key_values, use_cache=True)
             next_pos = next_pos + 1
-        dt = time.perf_counter() - t0
-        self._stats["tokens"] += sum(len(t) for t in toks)
+        self._stats["tokens"] += sum(len(r.token_ids) for r in batch)
         self._stats["batches"] += 1
         self._stats["rows"] += n
-        self._stats["decode_s"] += dt
-        return [Completion(t, l, r or "length", self._version, {"generate": dt}) for t, l, r in zip(toks, lps, reasons)]
+        self._stats["decode_s"] += time.perf_counter() - t0
 
     def stats(self) -> dict[str, float]:
-        return dict(self._stats)
+        return {**self._stats, "open_requests": float(len(self._open)), "version": float(self._version)}
 
     async def close(self) -> None:
         if self._batcher is not None:

@@ -1,0 +1,223 @@
+"""The engine client: what rollout workers and the live gateway hold instead of an engine.
+
+``LocalEngineClient`` wraps an engine in the same process (tests, benches, single-process
+tools). ``RayEngineClient`` spreads requests over a group of engine actors
+(``rollout.engines.server.EngineServer``): least outstanding requests first, and one engine per
+live session so its requests reuse that engine (prefix caches, vLLM's included). Control calls
+(pause, resume, update_weights) go to every engine of the group. The client never imports Ray:
+it calls ``.remote`` on the handles it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from abc import ABC, abstractmethod
+from typing import Any, AsyncIterator
+
+from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, new_request_id
+from rollout.engines.transport import WeightHandle
+
+
+class EngineClient(ABC):
+    """One interface over an in-process engine or an engine group."""
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int:
+        """The newest weights version this client has seen an engine serve."""
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None, session_id: str | None = None) -> Completion:
+        """One completion of ``prompt_ids``."""
+
+    @abstractmethod
+    def stream(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               session_id: str | None = None) -> AsyncIterator[Chunk]:
+        """One completion, a chunk per decoding step; closing the iterator aborts it."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> bool:
+        """End an open request now; False when no engine holds it."""
+
+    @abstractmethod
+    async def pause(self) -> None: ...
+
+    @abstractmethod
+    async def resume(self) -> None: ...
+
+    @abstractmethod
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        """Load a version into every engine; returns the lowest version now serving."""
+
+    @abstractmethod
+    async def sync_weights(self) -> int:
+        """Make every engine adopt the newest published weights now; returns the lowest
+        version serving (for evaluations that must use the newest policy)."""
+
+    @abstractmethod
+    async def stats(self) -> list[dict[str, float]]:
+        """Per-engine counters."""
+
+    async def generate_n(self, prompt_ids: list[int], params: SamplingParams,
+                         request_id: str | None = None, session_id: str | None = None) -> list[Completion]:
+        """``params.n`` completions of one prompt, as n requests that share engine batches
+        (ids ``<request_id>-<i>``)."""
+        rid = request_id or new_request_id()
+        return list(await asyncio.gather(*[
+            self.generate(prompt_ids, params, f"{rid}-{i}", session_id) for i in range(params.n)]))
+
+
+class LocalEngineClient(EngineClient):
+    """An engine in this process. ``weights`` (optional) is a weight source,
+    ``latest(have) -> (version, WeightHandle) | None``, awaited by ``sync_weights``."""
+
+    def __init__(self, engine: Engine, weights: Any = None) -> None:
+        self.engine, self.weights = engine, weights
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def generate(self, prompt_ids, params, request_id=None, session_id=None) -> Completion:
+        return await self.engine.generate(prompt_ids, params, request_id or new_request_id())
+
+    def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
+        return self.engine.stream(prompt_ids, params, request_id or new_request_id())
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort(request_id)
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        return await self.engine.update_weights(version, handle)
+
+    async def sync_weights(self) -> int:
+        if self.weights is not None:
+            got = await self.weights.latest(self.engine.version)
+            if got is not None:
+                await self.engine.update_weights(*got)
+        return self.engine.version
+
+    async def stats(self) -> list[dict[str, float]]:
+        return [self.engine.stats()]
+
+
+class RayEngineClient(EngineClient):
+    """A group of ``EngineServer`` actors. Picklable: hand it to any actor that needs an
+    engine; the tokenizer is loaded from ``model_path`` where it is first used."""
+
+    def __init__(self, handles: list[Any], model_path: str) -> None:
+        if not handles:
+            raise ValueError("an engine group needs at least one engine actor")
+        self.handles, self.model_path = list(handles), model_path
+        self._setup()
+
+    def _setup(self) -> None:
+        self._tokenizer: Any = None
+        self._outstanding = [0] * len(self.handles)
+        self._where: dict[str, int] = {}
+        self._version = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"handles": self.handles, "model_path": self.model_path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _pick(self, session_id: str | None) -> int:
+        if session_id is not None:  # stable across clients and processes (no hash seed)
+            return zlib.crc32(session_id.encode()) % len(self.handles)
+        return min(range(len(self.handles)), key=self._outstanding.__getitem__)
+
+    def _seen(self, version: int) -> None:
+        self._version = max(self._version, version)
+
+    async def generate(self, prompt_ids, params, request_id=None, session_id=None) -> Completion:
+        rid = request_id or new_request_id()
+        idx = self._pick(session_id)
+        self._outstanding[idx] += 1
+        self._where[rid] = idx
+        try:
+            done = await self.handles[idx].generate.remote(prompt_ids, params, rid)
+        finally:
+            self._outstanding[idx] -= 1
+            self._where.pop(rid, None)
+        self._seen(done.version_spans[-1][1])
+        return done
+
+    async def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
+        rid = request_id or new_request_id()
+        idx = self._pick(session_id)
+        self._outstanding[idx] += 1
+        self._where[rid] = idx
+        finished = False
+        try:
+            refs = self.handles[idx].stream.options(num_returns="streaming").remote(prompt_ids, params, rid)
+            async for ref in refs:
+                chunk = await ref
+                self._seen(chunk.version)
+                finished = chunk.finish_reason is not None
+                yield chunk
+        finally:
+            self._outstanding[idx] -= 1
+            self._where.pop(rid, None)
+            if not finished:  # the consumer left early: free the engine's row
+                await self.handles[idx].abort.remote(rid)
+
+    async def abort(self, request_id: str) -> bool:
+        idx = self._where.get(request_id)
+        if idx is not None:
+            return await self.handles[idx].abort.remote(request_id)
+        found = await asyncio.gather(*[h.abort.remote(request_id) for h in self.handles])
+        return any(found)
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*[getattr(h, method).remote(*args) for h in self.handles]))
+
+    async def pause(self) -> None:
+        await self._all("pause")
+
+    async def resume(self) -> None:
+        await self._all("resume")
+
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        low = min(await self._all("update_weights", version, handle))
+        self._seen(low)
+        return low
+
+    async def sync_weights(self) -> int:
+        low = min(await self._all("sync_weights"))
+        self._seen(low)
+        return low
+
+    async def stats(self) -> list[dict[str, float]]:
+        return await self._all("stats")

@@ -1,0 +1,85 @@
+"""An engine as a service: the plain class the driver wraps as a Ray actor.
+
+One ``EngineServer`` owns one engine. Its methods are the engine's verbs (generate, stream,
+abort, pause, resume, update_weights) plus weight following: with a weight source (the
+learner's broker, through an adapter with ``async latest(have) -> (version, WeightHandle) |
+None``) it polls for newer versions in the background and loads them without failing a request.
+Clients reach a group of these through ``rollout.engines.client.RayEngineClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+from rollout.engines import make_engine
+from rollout.engines.base import Chunk, Completion, SamplingParams
+from rollout.engines.transport import WeightHandle
+
+log = logging.getLogger(__name__)
+
+
+class EngineServer:
+    def __init__(self, cfg: Any, model_path: str, seed: int = 0, weights: Any = None) -> None:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+        self.cfg, self.weights = cfg, weights
+        self.engine = make_engine(cfg, model_path, seed=seed)
+        self._follower: asyncio.Task | None = None
+        self._sync_lock: asyncio.Lock | None = None
+        self._follow_errors = 0
+
+    async def start(self) -> int:
+        """Begin following the weight source (idempotent); returns the serving version."""
+        if self.weights is not None and self._follower is None:
+            self._follower = asyncio.get_running_loop().create_task(self._follow())
+        return self.engine.version
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.sync_weights()
+            except Exception:  # noqa: BLE001 - a failed poll must not stop serving
+                self._follow_errors += 1
+                log.exception("engine: polling the weight source failed; serving the current version")
+            await asyncio.sleep(self.cfg.weight_poll_s)
+
+    async def sync_weights(self) -> int:
+        """Load the newest published version now, if newer than the one serving."""
+        if self.weights is None:
+            return self.engine.version
+        if self._sync_lock is None:
+            self._sync_lock = asyncio.Lock()
+        async with self._sync_lock:  # the follower and an explicit sync never load twice
+            got = await self.weights.latest(self.engine.version)
+            if got is not None:
+                await self.engine.update_weights(*got)
+        return self.engine.version
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Completion:
+        return await self.engine.generate(prompt_ids, params, request_id)
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams,
+                     request_id: str) -> AsyncIterator[Chunk]:
+        async for chunk in self.engine.stream(prompt_ids, params, request_id):
+            yield chunk
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort(request_id)
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        return await self.engine.update_weights(version, handle)
+
+    def version(self) -> int:
+        return self.engine.version
+
+    def stats(self) -> dict[str, float]:
+        return {**self.engine.stats(), "weight_poll_errors": float(self._follow_errors)}
