@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 
 import pytest
 
@@ -14,23 +13,11 @@ from gateway.errors import SessionEnded, UnknownSession
 from gateway.openai_types import parse_chat_request
 from gateway.sessions import CAUSES, SessionRecorder, session_id_for
 from gateway.toolcalls import split_action, template_messages
-from gateway_tokenizer import tiny_tokenizer
+from gateway_fixtures import CALL_TEXT, TOOLS, Sampled, tiny_tokenizer
 from rollout import chat
 
-TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"properties": {"query": {}}}}}]
-CALL_TEXT = '<tool_call>{"name": "search", "arguments": {"query": "capital of France"}}</tool_call>'
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
-
-
-@dataclass
-class Sampled:
-    """An engine completion as the recorder reads it."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    version_spans: list[tuple[int, int]]
 
 
 @pytest.fixture(scope="module")
