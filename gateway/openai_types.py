@@ -148,6 +148,20 @@ class ChatCompletionRequest(_Strict):
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def stop_token_ids(self, tokenizer: Any) -> tuple[int, ...]:
+        """``stop`` as engine stop tokens. Engines stop on token ids, so each stop string must
+        be exactly one token of the served tokenizer (``<|im_end|>``, ``</answer>`` if it is
+        one token ...); any other string is a 400 rather than a stop that silently never fires."""
+        out = []
+        for i, text in enumerate(self.stop_list()):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                param = "stop" if isinstance(self.stop, str) else f"stop.{i}"
+                raise InvalidRequest(param, f"{text!r} is {len(ids)} tokens; this server stops only "
+                                            "on strings that are exactly one token")
+            out.append(ids[0])
+        return tuple(out)
+
     def tool_dicts(self) -> list[dict[str, Any]]:
         """Tools as the chat template takes them (none when ``tool_choice`` is ``none``: the
         model is not offered tools it may not call)."""

@@ -199,3 +199,12 @@ def test_the_model_list_parses_with_the_served_version() -> None:
     body = ModelList(data=[ModelCard(id="policy", created=1700000000, version=12)]).wire()
     sdk = openai.types.Model.model_validate(body["data"][0])
     assert (sdk.id, sdk.object, sdk.owned_by, body["data"][0]["version"]) == ("policy", "model", "turnrl", 12)
+
+
+def test_stop_strings_become_stop_tokens_only_when_each_is_one_token(tok) -> None:
+    single = parse_chat_request({"messages": USER, "stop": ["<|im_end|>", "Paris"]})
+    assert single.stop_token_ids(tok) == (tok.eos_token_id, _ids(tok, "Paris")[0])
+    multi = parse_chat_request({"messages": USER, "stop": ["Paris", "Let me"]})
+    with pytest.raises(InvalidRequest) as info:
+        multi.stop_token_ids(tok)
+    assert info.value.param == "stop.1" and "'Let me' is 4 tokens" in info.value.message  # Le|t|Ġ|me
