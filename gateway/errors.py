@@ -1,0 +1,71 @@
+"""Client errors of the gateway, each naming the offending parameter.
+
+The app maps them to OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``,
+with the HTTP status each class carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses; ``param`` is the field's dotted path (None: the body)."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
+        self.param = param
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error body."""
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+
+
+class InvalidRequest(GatewayError):
+    """Malformed, unknown or unsupported request content (HTTP 400)."""
+
+
+class UnknownSession(GatewayError):
+    """No session with this id is recorded (HTTP 404)."""
+
+    status = 404
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__("session_id", f"unknown session {session_id!r}")
+
+
+class SessionEnded(GatewayError):
+    """The session was ended; it takes feedback but no more requests (HTTP 409)."""
+
+    status = 409
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__("session_id", f"session {session_id!r} has ended; start a new session id")
+
+
+def loc_path(loc: tuple[Any, ...]) -> str:
+    """Pydantic's error location as a dotted path: ``("messages", 2, "role")`` ->
+    ``messages.2.role``."""
+    return ".".join(str(p) for p in loc)
+
+
+def from_validation(exc: ValidationError, fields: frozenset[str] | None = None) -> InvalidRequest:
+    """The first validation error as an InvalidRequest naming its field. With ``fields`` (every
+    field name of the models involved) the path stops at the first element that is no field
+    or index: pydantic appends union members (``stop.str``) that name no parameter."""
+    err = exc.errors()[0]
+    if err["type"] == "extra_forbidden":
+        return InvalidRequest(loc_path(err["loc"]), "unknown or unsupported parameter; remove it")
+    loc = list(err["loc"])
+    if fields is not None:
+        cut = next((i for i, p in enumerate(loc) if isinstance(p, str) and p not in fields), len(loc))
+        loc = loc[:cut]
+    path = loc_path(tuple(loc))
+    msg = err["msg"].removeprefix("Value error, ")
+    return InvalidRequest(path or None, msg)

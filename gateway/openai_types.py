@@ -1,0 +1,343 @@
+"""OpenAI chat-completions wire format: the request the gateway accepts and the responses it sends.
+
+Requests are strict: a field this server does not implement is a 400 naming it, never a silent
+ignore. A few OpenAI parameters are accepted only at their neutral value, where accepting them
+changes nothing (``presence_penalty: 0``, ``frequency_penalty: 0``, ``parallel_tool_calls:
+true``); assistant messages a client echoes back from our own responses may carry the null
+fields the SDK keeps (``refusal``, ``function_call``, ``audio``, ``annotations``).
+
+Responses serialise the way OpenAI's do (nulls where OpenAI sends nulls, absent where it omits
+the field), so the official ``openai`` SDK and raw-JSON clients both read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+
+from gateway.errors import InvalidRequest, from_validation
+
+# OpenAI parameters this endpoint knows but does not implement: named in the 400 as unsupported
+# rather than unknown, so a client learns the server read the name.
+UNSUPPORTED_PARAMS = frozenset({
+    "audio", "function_call", "functions", "logit_bias", "metadata", "modalities", "prediction",
+    "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "service_tier",
+    "store", "verbosity", "web_search_options", "prompt_cache_retention",
+})
+MAX_N = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- request --------------------------------------------------------------------------------
+class TextPart(_Strict):
+    """A text content part (the only part type a text model can take)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+    """The call's arguments as a JSON string (OpenAI's convention)."""
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Strict):
+    """One request message. Per-role rules are checked after parsing so an error names the
+    message's own field (``messages.2.tool_call_id``)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # Echoed back by SDK clients that append our response message as-is; only null is accepted.
+    refusal: None = None
+    function_call: None = None
+    audio: None = None
+    annotations: list[Any] | None = Field(None, max_length=0)
+
+    @model_validator(mode="after")
+    def _per_role(self) -> "Message":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls is only allowed on assistant messages, not {self.role}")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError(f"tool_call_id is only allowed on tool messages, not {self.role}")
+        if self.role != "assistant" and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        """Content as one string (text parts joined)."""
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class FunctionDef(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: Literal[False] | None = None
+    """Strict (schema-constrained) decoding is not implemented: only false/null."""
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Strict):
+    """``POST /v1/chat/completions`` body. Parse with :func:`parse_chat_request`."""
+
+    messages: list[Message] = Field(min_length=1)
+    model: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    """``required`` and named functions need constrained decoding, which this server does not do."""
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: Literal[0] | None = None
+    """Only 0: alternatives are not computed (each entry's ``top_logprobs`` is empty)."""
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    seed: int | None = None
+    presence_penalty: Literal[0] | None = None
+    frequency_penalty: Literal[0] | None = None
+    parallel_tool_calls: Literal[True] | None = None
+    """The model may always write several calls in one message; false is not enforceable."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChatCompletionRequest":
+        # Raised as InvalidRequest (not ValueError) so pydantic passes it on with its param.
+        if self.max_tokens is not None and self.max_completion_tokens is not None \
+                and self.max_tokens != self.max_completion_tokens:
+            raise InvalidRequest("max_tokens", "max_tokens and max_completion_tokens disagree; "
+                                 "send one of them")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("stream_options", "stream_options needs stream: true")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
+        return self
+
+    def max_new_tokens(self, default: int) -> int:
+        """The completion token limit (``max_completion_tokens``, else ``max_tokens``)."""
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def stop_token_ids(self, tokenizer: Any) -> tuple[int, ...]:
+        """``stop`` as engine stop tokens. Engines stop on token ids, so each stop string must
+        be exactly one token of the served tokenizer (``<|im_end|>``, ``</answer>`` if it is
+        one token ...); any other string is a 400 rather than a stop that silently never fires."""
+        out = []
+        for i, text in enumerate(self.stop_list()):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                param = "stop" if isinstance(self.stop, str) else f"stop.{i}"
+                raise InvalidRequest(param, f"{text!r} is {len(ids)} tokens; this server stops only "
+                                            "on strings that are exactly one token")
+            out.append(ids[0])
+        return tuple(out)
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        """Tools as the chat template takes them (none when ``tool_choice`` is ``none``: the
+        model is not offered tools it may not call)."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    """Validate a request body; raises InvalidRequest naming the first bad parameter."""
+    if not isinstance(body, dict):
+        raise InvalidRequest(None, "the request body must be a JSON object")
+    for key in body:
+        if key in UNSUPPORTED_PARAMS:
+            raise InvalidRequest(key, f"'{key}' is not supported by this server; remove it")
+        if key not in ChatCompletionRequest.model_fields:
+            raise InvalidRequest(key, f"unknown parameter '{key}'")
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _named(exc) from None
+
+
+def _named(exc: ValidationError) -> InvalidRequest:
+    """Clearer messages for the unsupported choices; the field path either way."""
+    err = from_validation(exc, _FIELD_NAMES)
+    hints = {
+        "tool_choice": "tool_choice must be 'auto' or 'none' ('required' and named functions "
+                       "need constrained decoding, which this server does not do)",
+        "top_logprobs": "top_logprobs must be 0 (alternative tokens are not computed)",
+        "presence_penalty": "presence_penalty must be 0 (penalties are not implemented)",
+        "frequency_penalty": "frequency_penalty must be 0 (penalties are not implemented)",
+        "parallel_tool_calls": "parallel_tool_calls must be true (one call per message cannot "
+                               "be enforced)",
+    }
+    return InvalidRequest(err.param, hints[err.param]) if err.param in hints else err
+
+
+_FIELD_NAMES = frozenset(
+    name for model in (ChatCompletionRequest, Message, TextPart, ToolCall, FunctionCall, Tool,
+                       FunctionDef, StreamOptions)
+    for name in model.model_fields
+)
+
+
+# -- responses ------------------------------------------------------------------------------
+class _Wire(BaseModel):
+    """Serialises like OpenAI: fields in ``_omit_if_none`` are left out when None, all others
+    are always present (None as null)."""
+
+    _omit_if_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if not (k in self._omit_if_none and v is None)}
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON body."""
+        return self.model_dump(mode="json")
+
+
+class TopLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    """UTF-8 bytes of ``token``; null where one token holds part of a character."""
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(_Wire):
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
+class OutFunction(_Wire):
+    name: str
+    arguments: str
+
+
+class OutToolCall(_Wire):
+    id: str
+    type: Literal["function"] = "function"
+    function: OutFunction
+
+
+class AssistantMessage(_Wire):
+    _omit_if_none = frozenset({"tool_calls"})
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[OutToolCall] | None = None
+
+
+OpenAIFinish = Literal["stop", "length", "tool_calls"]
+
+
+class Choice(_Wire):
+    index: int
+    message: AssistantMessage
+    finish_reason: OpenAIFinish
+    logprobs: ChoiceLogprobs | None = None
+
+
+class Usage(_Wire):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(_Wire):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    """``turnrl-v<version>``: the weights version that began the first choice."""
+
+
+class DeltaFunction(_Wire):
+    _omit_if_none = frozenset({"name", "arguments"})
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Wire):
+    _omit_if_none = frozenset({"id", "type", "function"})
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction | None = None
+
+
+class Delta(_Wire):
+    _omit_if_none = frozenset({"role", "content", "tool_calls"})
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChunkChoice(_Wire):
+    index: int
+    delta: Delta
+    finish_reason: OpenAIFinish | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(_Wire):
+    _omit_if_none = frozenset({"usage"})
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    """Only on the final chunk (empty ``choices``) when ``stream_options.include_usage``."""
+    system_fingerprint: str | None = None
+
+
+class ModelCard(_Wire):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "turnrl"
+    version: int
+    """The weights version the run's engines serve now (a TurnRL field)."""
+
+
+class ModelList(_Wire):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

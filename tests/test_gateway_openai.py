@@ -1,0 +1,210 @@
+"""The OpenAI wire format: strict requests, responses the official SDK parses, tool calls
+between Hermes text and OpenAI's shape. Tiny tokenizer, hand-built token sequences."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai.types
+import pytest
+from openai.types.chat import ChatCompletion as SDKCompletion
+from openai.types.chat import ChatCompletionChunk as SDKChunk
+from pydantic import BaseModel
+
+from envs.toolcalls import ToolCall
+from gateway.errors import InvalidRequest
+from gateway.openai_types import ChatCompletionChunk, ModelCard, ModelList, parse_chat_request
+from gateway.responses import ChoiceStream, chat_completion
+from gateway.toolcalls import split_action, template_messages, tool_call_id
+from gateway_fixtures import CALL_TEXT, TOOLS, Sampled, tiny_tokenizer
+
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"foo": 1}, "foo"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, "tool_choice"),
+    ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"n": 0}, "n"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"stop": 7}, "stop"),
+    ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_obfuscation": False}}, "stream_options.include_obfuscation"),
+    ({"tools": [{"type": "function", "function": {"name": "s", "strict": True}}]}, "tools.0.function.strict"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages.0.name"),
+    ({"messages": [{"role": "developer", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "Paris"}]}, "messages.0"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content"),
+    ({"messages": []}, "messages"),
+])
+def test_unknown_or_unsupported_parameters_are_400s_naming_the_parameter(extra, param) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat_request({"messages": USER, **extra})
+    err = info.value
+    assert err.param == param and err.status == 400
+    assert err.body() == {"error": {"message": str(err), "type": "invalid_request_error",
+                                    "param": param, "code": None}}
+
+
+def test_a_full_request_parses_and_neutral_values_are_accepted() -> None:
+    req = parse_chat_request({
+        "model": "policy", "messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, *USER],
+        "tools": TOOLS, "tool_choice": "auto", "n": 2, "temperature": 0.7, "top_p": 0.9,
+        "max_completion_tokens": 32, "stop": "\n\n", "logprobs": True, "top_logprobs": 0, "stream": True,
+        "stream_options": {"include_usage": True}, "user": "u1", "seed": 3,
+        "presence_penalty": 0, "frequency_penalty": 0.0, "parallel_tool_calls": True,
+    })
+    assert (req.n, req.max_new_tokens(64), req.stop_list(), req.messages[0].text()) == (2, 32, ["\n\n"], "Be brief.")
+    assert req.tool_dicts() == [{"type": "function", "function": {"name": "search",
+                                                                  "parameters": {"properties": {"query": {}}}}}]
+    none = parse_chat_request({"messages": USER, "tools": TOOLS, "tool_choice": "none"})
+    assert none.tool_dicts() == [] and none.max_new_tokens(64) == 64  # tools withheld from the model
+
+
+def test_model_text_splits_into_content_and_openai_tool_calls() -> None:
+    text = "Let me search." + CALL_TEXT
+    reply = split_action(text, "chatcmpl-7", 1)
+    assert reply.content == "Let me search." and reply.errors == []
+    assert reply.calls == [ToolCall(name="search", arguments={"query": "capital of France"})]
+    msg = reply.message().wire()
+    assert msg == {"role": "assistant", "content": "Let me search.", "tool_calls": [
+        {"id": tool_call_id("chatcmpl-7", 1, 0), "type": "function",
+         "function": {"name": "search", "arguments": '{"query": "capital of France"}'}}]}
+    # Deterministic per completion, choice and call; distinct otherwise.
+    assert split_action(text, "chatcmpl-7", 1).ids == reply.ids
+    assert len({tool_call_id("chatcmpl-7", 1, 0), tool_call_id("chatcmpl-7", 0, 0), tool_call_id("chatcmpl-8", 1, 0)}) == 3
+    assert reply.ids[0].startswith("call_") and len(reply.ids[0]) == 5 + 24
+
+
+def test_a_malformed_call_stays_in_the_content_and_marks_the_action_invalid() -> None:
+    bad = '<tool_call>{"name": "search", "arguments": {"query": </tool_call>'
+    reply = split_action("Searching. " + bad + CALL_TEXT, "c", 0)
+    assert reply.content == "Searching. " + bad  # the client sees what the model wrote
+    assert [c.name for c in reply.calls] == ["search"] and len(reply.errors) == 1
+    open_only = split_action("<tool_call>{\"name\": \"search\"", "c", 0)
+    assert open_only.calls == [] and open_only.content == '<tool_call>{"name": "search"'
+    assert open_only.errors == ["unterminated <tool_call>: close it with </tool_call>"]
+    plain = split_action(CALL_TEXT, "c", 0, tools_enabled=False)  # tool_choice none: all content
+    assert plain.content == CALL_TEXT and plain.calls == []
+
+
+def test_request_messages_become_template_messages_with_parsed_arguments() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"query": "France"}'}}
+    req = parse_chat_request({"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [call],
+                                                   "refusal": None},
+                                           {"role": "tool", "tool_call_id": "call_1", "content": "Paris"}]})
+    assert template_messages(req.messages) == [
+        USER[0],
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": "France"}}}]},
+        {"role": "tool", "content": "Paris", "tool_call_id": "call_1"},
+    ]
+    call["function"]["arguments"] = '{"query": '
+    req = parse_chat_request({"messages": [*USER, {"role": "assistant", "tool_calls": [call]}]})
+    with pytest.raises(InvalidRequest) as info:
+        template_messages(req.messages)
+    assert info.value.param == "messages.1.tool_calls.0.function.arguments"
+
+
+def _no_extras(model: BaseModel) -> None:
+    """The SDK keeps unknown keys as extras: none anywhere means every key we send is OpenAI's."""
+    assert not model.model_extra, f"{type(model).__name__} got unknown fields {model.model_extra}"
+    for value in model.__dict__.values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, BaseModel):
+                _no_extras(item)
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_the_sdk_parses_a_completion_with_tool_calls_and_logprobs(tok) -> None:
+    call_ids = _ids(tok, "Let me search." + CALL_TEXT) + [tok.eos_token_id]
+    plain_ids = _ids(tok, "Paris") + [tok.eos_token_id]
+    comps = [Sampled(call_ids, [-0.5] * len(call_ids), "stop", [(0, 7)]),
+             Sampled(plain_ids, [-0.25, -0.75], "length", [(0, 7)])]
+    resp, replies = chat_completion(tok, "chatcmpl-1", "policy", 1700000000, 30, comps, True, True)
+    sdk = SDKCompletion.model_validate(json.loads(json.dumps(resp.wire())))
+    _no_extras(sdk)
+    first, second = sdk.choices
+    assert (first.finish_reason, second.finish_reason) == ("tool_calls", "length")
+    assert first.message.content == "Let me search." and first.message.tool_calls[0].id == replies[0].ids[0]
+    assert json.loads(first.message.tool_calls[0].function.arguments) == {"query": "capital of France"}
+    assert len(first.logprobs.content) == len(call_ids) - 1  # the closing end-of-turn has no entry
+    assert [e.token for e in second.logprobs.content] == ["Paris"]
+    assert second.logprobs.content[0].logprob == -0.25 and second.logprobs.content[0].bytes == list(b"Paris")
+    assert second.message.tool_calls is None and second.message.content == "Paris"
+    generated = len(call_ids) + 2  # both choices' tokens, end-of-turn included
+    assert (sdk.usage.prompt_tokens, sdk.usage.completion_tokens, sdk.usage.total_tokens) == (30, generated, 30 + generated)
+    assert sdk.system_fingerprint == "turnrl-v7" and sdk.object == "chat.completion"
+
+
+def _stream(tok, text: str, tools_enabled: bool, logprobs: bool = False) -> tuple[list[SDKChunk], object]:
+    """Push ``text``'s tokens one at a time; every chunk goes through the SDK."""
+    token_ids = _ids(tok, text) + [tok.eos_token_id]
+    stream = ChoiceStream(tok, "chatcmpl-s", 0, tools_enabled, logprobs)
+    choices = []
+    for i, tid in enumerate(token_ids):
+        choices += stream.push([tid], [-0.1 * (i + 1)])
+    closing, reply = stream.finish("stop")
+    choices += closing
+    chunks = []
+    for choice in choices:
+        wire = ChatCompletionChunk(id="chatcmpl-s", created=int(time.time()), model="policy", choices=[choice]).wire()
+        chunks.append(SDKChunk.model_validate(json.loads(json.dumps(wire))))
+        _no_extras(chunks[-1])
+    return chunks, reply
+
+
+def test_streamed_chunks_parse_and_add_up_to_the_message(tok) -> None:
+    text = "Let me search." + CALL_TEXT
+    chunks, reply = _stream(tok, text, tools_enabled=True)
+    deltas = [c.choices[0].delta for c in chunks]
+    assert deltas[0].role == "assistant" and all(d.role is None for d in deltas[1:])
+    content = "".join(d.content or "" for d in deltas)
+    assert content == "Let me search." == reply.content  # no call text leaks into content
+    calls = [tc for d in deltas for tc in d.tool_calls or []]
+    assert [(c.index, c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (0, reply.ids[0], "search", {"query": "capital of France"})]
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "tool_calls"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    # Content streams as it is decoded: more than one content delta before the call.
+    assert sum(1 for d in deltas if d.content) > 3
+
+
+def test_streamed_logprobs_cover_every_token_but_the_end_of_turn(tok) -> None:
+    chunks, reply = _stream(tok, "Paris is the capital", tools_enabled=False, logprobs=True)
+    entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    n = len(_ids(tok, "Paris is the capital"))
+    assert [e.logprob for e in entries] == pytest.approx([-0.1 * (i + 1) for i in range(n)])
+    assert "".join(e.token for e in entries) == "Paris is the capital" == reply.content
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_the_model_list_parses_with_the_served_version() -> None:
+    body = ModelList(data=[ModelCard(id="policy", created=1700000000, version=12)]).wire()
+    sdk = openai.types.Model.model_validate(body["data"][0])
+    assert (sdk.id, sdk.object, sdk.owned_by, body["data"][0]["version"]) == ("policy", "model", "turnrl", 12)
+
+
+def test_stop_strings_become_stop_tokens_only_when_each_is_one_token(tok) -> None:
+    single = parse_chat_request({"messages": USER, "stop": ["<|im_end|>", "Paris"]})
+    assert single.stop_token_ids(tok) == (tok.eos_token_id, _ids(tok, "Paris")[0])
+    multi = parse_chat_request({"messages": USER, "stop": ["Paris", "Let me"]})
+    with pytest.raises(InvalidRequest) as info:
+        multi.stop_token_ids(tok)
+    assert info.value.param == "stop.1" and "'Let me' is 4 tokens" in info.value.message  # Le|t|Ġ|me
