@@ -74,13 +74,14 @@ def hungarian_assignment(sim: np.ndarray) -> list[int | None]:
 def greedy_assignment(sim: np.ndarray) -> list[int | None]:
     """The authors' rule: take pairs by descending similarity, skipping used rows/columns.
 
-    Ties are broken as their ``sorted((s, i, j), reverse=True)`` does: larger pred index first,
-    then larger gold index. Pairs with similarity 0 are never matched.
+    Pairs are listed prediction-major (all golds of prediction 0, then of prediction 1, ...)
+    and sorted on the score alone with a stable sort, as the authors' ``pairs.sort(
+    reverse=True, key=lambda x: x[0])`` does, so among equal scores the lowest prediction
+    index wins, then the lowest gold index. Pairs with similarity 0 are never matched.
     """
-    pairs = sorted(
-        ((float(sim[i, j]), i, j) for i in range(sim.shape[0]) for j in range(sim.shape[1])),
-        reverse=True,
-    )
+    listed = [(float(sim[i, j]), i, j) for i in range(sim.shape[0]) for j in range(sim.shape[1])]
+    # sorted() is stable, and reverse=True keeps equal keys in their listed order.
+    pairs = sorted(listed, key=lambda p: p[0], reverse=True)
     assignment: list[int | None] = [None] * sim.shape[0]
     used: set[int] = set()
     for score, i, j in pairs:
