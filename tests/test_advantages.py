@@ -34,6 +34,7 @@ from learner.advantages.config import (
 from learner.advantages.tool import main as tool_main
 
 E = 1e-6
+F = 1e-8  # IGPO's variance floor: std = sqrt(var + F) (the authors' corrected release)
 NAN = float("nan")
 
 
@@ -145,7 +146,7 @@ IG_BATCH = make([0] * 5, [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 1, 1, 0, 0],
 def test_igpo_joint_pool():
     # Joint pool [0.2, 0.4, 1, 0, 0]: mean 0.32, devs -.12 .08 .68 -.32 -.32,
     # population var = (.0144+.0064+.4624+.1024+.1024)/5 = .1376.
-    s = math.sqrt(0.1376) + E
+    s = math.sqrt(0.1376 + F)  # IGPO: sqrt(var + 1e-8), no eps
     ra, rb = [-0.12 / s, 0.08 / s, 0.68 / s], [-0.32 / s, -0.32 / s]
     # gamma = 1: A_T = r_T, A_t = r_t + A_{t+1}.
     expected = [ra[0] + ra[1] + ra[2], ra[1] + ra[2], ra[2], rb[0] + rb[1], rb[1]]
@@ -154,9 +155,9 @@ def test_igpo_joint_pool():
 
 def test_igpo_separate_pools_gamma_and_weight():
     # IG pool [0.2, 0.4, 0.0]: mean 0.2, population std sqrt(.08/3) -> z 0, +q, -q.
-    q = 0.2 / (math.sqrt(0.08 / 3) + E)
-    # Outcome pool [1, 0]: z +-0.5/(0.5+E).
-    o = 0.5 / (0.5 + E)
+    q = 0.2 / math.sqrt(0.08 / 3 + F)
+    # Outcome pool [1, 0]: z +-0.5/sqrt(0.25 + F).
+    o = 0.5 / math.sqrt(0.25 + F)
     # ig_weight 0.5 scales the IG z-scores; gamma 0.5 discounts.
     w, g = 0.5, 0.5
     a2 = o
@@ -174,7 +175,7 @@ def test_igpo_masked_and_missing_turns():
     # population var (.04 + .36 + .16) / 3.
     b = make([0] * 5, [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 1, 1, 0, 0],
              mask=[True, False, True, True, True], ig=[0.2, 0.4, 99, NAN, 99])
-    s = math.sqrt(0.56 / 3) + E
+    s = math.sqrt(0.56 / 3 + F)
     res = compute_advantages(b, IGPOConfig())
     close(res.advantages, [-0.2 / s + 0.6 / s, 0, 0.6 / s, 0, -0.4 / s])
     assert res.mask.tolist() == [True, False, True, False, True]
@@ -186,6 +187,25 @@ def test_igpo_all_equal_and_singleton():
     assert np.all(adv(b, IGPOConfig()) == 0.0)
     # Group 1 is one single-turn rollout: pool of one -> 0 (std := 1 leaves x - x = 0).
     assert adv(b, IGPOConfig(normalisation="separate"))[3] == 0.0
+
+
+def test_igpo_variance_floor_on_a_small_spread():
+    # Issue 21 item 5. One group, two single-IG rollouts: IG 0.1 and 0.1001, answers 1 and 0,
+    # separate pools. IG pool [0.1, 0.1001]: mean 0.10005, devs -+5e-5, population var 2.5e-9.
+    #  authors (sqrt(var + 1e-8)): 5e-5 / sqrt(1.25e-8) = 5e-5 / 1.1180e-4 = 0.4472 (the
+    #    issue quotes it truncated, +0.44)
+    #  plain sqrt(var) + 1e-6:    5e-5 / (5e-5 + 1e-6)  = 0.9804
+    # Outcome pool [1, 0]: +-0.5/sqrt(0.25 + 1e-8) = +-0.99999998; gamma 1 adds it to turn 0.
+    b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.1, NAN, 0.1001, NAN])
+    o = 0.5 / math.sqrt(0.25 + F)
+    ours = IGPOConfig(normalisation="separate")
+    ig_z = compute_advantages(b, ours).advantages[[0, 2]] - np.array([o, -o])
+    close(ig_z, [-0.4472136, 0.4472136], rel=1e-6)
+    # The turn of IG 0.1001 gets +0.44 with the floor (default) and +0.98 without it.
+    plain = IGPOConfig(normalisation="separate", var_floor=0.0, eps=1e-6)
+    plain_z = compute_advantages(b, plain).advantages[[0, 2]] - np.array([0.5 / 0.500001] * 2) * [1, -1]
+    close(plain_z, [-5e-5 / (5e-5 + 1e-6), 5e-5 / (5e-5 + 1e-6)], rel=1e-6)
+    assert round(ig_z[1], 2) == 0.45 and round(plain_z[1], 2) == 0.98
 
 
 # ---------------------------------------------------------------- A^2TGPO

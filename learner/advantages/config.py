@@ -64,8 +64,13 @@ class IGPOConfig(_EstimatorConfig):
     destabilise training; 1.0 matches the paper."""
     std: StdKind = "population"
     """Std estimator of the pools (population in the authors' code)."""
-    eps: float = Field(1e-6, ge=0.0)
-    """Added to the std before dividing."""
+    var_floor: float = Field(1e-8, ge=0.0)
+    """Added to each pool's variance before the square root: ``std = sqrt(var + var_floor)``,
+    the authors' corrected release (1e-8). It matters when a pool's spread is small: IG values
+    0.1 and 0.1001 z-score to +-0.45 with it and +-0.98 without. 0 gives ``sqrt(var)``."""
+    eps: float = Field(0.0, ge=0.0)
+    """Added to the std before dividing (0: the authors' code adds nothing; with
+    ``var_floor`` 0 set it above 0, e.g. 1e-6)."""
     singleton: Singleton = "zero"
     """A pool of one reward: ``zero`` (the authors' std := 1 leaves x - mean = 0) or ``raw``."""
 

@@ -35,7 +35,7 @@ def igpo(batch: TurnBatch, cfg: IGPOConfig) -> AdvantageResult:
     else:  # two pools per group: IG turns, and final (outcome) turns
         pools = pool_codes(batch.group_id, ro.is_final.astype(np.int64))
     norm = zscore(value, pools, ok, scale=True, std=cfg.std, eps=cfg.eps,
-                  singleton=cfg.singleton)
+                  singleton=cfg.singleton, var_floor=cfg.var_floor)
     r = norm * np.where(ro.is_final, 1.0, cfg.ig_weight)
     acc = discounted_sum(r, ro, cfg.gamma)
     return AdvantageResult(advantages=np.where(ok, acc, 0.0), mask=ok)

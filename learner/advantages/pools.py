@@ -36,8 +36,10 @@ def zscore(
     std: StdKind = "population",
     eps: float = 1e-6,
     singleton: Singleton = "zero",
+    var_floor: float = 0.0,
 ) -> np.ndarray:
-    """``(x - mean_pool) / (std_pool + eps)`` per row, over the rows where ``valid``.
+    """``(x - mean_pool) / (sqrt(var_pool + var_floor) + eps)`` per row, over the rows where
+    ``valid``.
 
     Args:
         values: ``[N]`` float values (may be NaN where ``valid`` is False).
@@ -47,6 +49,8 @@ def zscore(
         std: ``population`` (ddof 0) or ``unbiased`` (ddof 1, ``torch.std``'s default).
         singleton: a pool of one row gets ``0.0`` (``zero``: the formula's numerator is 0)
             or its raw value over ``1 + eps`` (``raw``: verl-style code sets mean 0, std 1).
+        var_floor: added to the variance under the square root (IGPO's corrected release:
+            ``sqrt(var + 1e-8)``); it bounds how far a pool with a tiny spread is stretched.
 
     Returns:
         ``[N]`` float64, 0.0 where not ``valid``. A pool whose values are all equal gives
@@ -67,7 +71,7 @@ def zscore(
     if scale:
         ddof = 1.0 if std == "unbiased" else 0.0
         ss = np.bincount(inv, weights=dev * dev, minlength=k)
-        sd = np.sqrt(ss / np.maximum(n - ddof, 1.0))
+        sd = np.sqrt(ss / np.maximum(n - ddof, 1.0) + var_floor)
         z = dev / (sd[inv] + eps)
     lo = np.full(k, np.inf)
     hi = np.full(k, -np.inf)
