@@ -83,6 +83,21 @@ def test_grpo_pools_rollouts_not_turns_and_broadcasts_to_turns():
     close(adv(b, GRPOConfig()), [a, a, a, -a])
 
 
+def test_grpo_statistics_over_step_rows():
+    # Issue 21 item 8. Rollout a: 3 turns, outcome 1; rollout b: 1 turn, outcome 0.
+    b = make([0] * 4, [0, 0, 0, 1], [0, 1, 2, 0], [1, 1, 1, 0])
+    # per_rollout (default): pool [1, 0], unbiased std sqrt(.5) -> +-.5/(sqrt(.5)+E) = +-0.7071.
+    e = 0.5 / (math.sqrt(0.5) + E)
+    close(adv(b, GRPOConfig()), [e, e, e, -e])
+    # per_step (verl-agent): pool of rows [1, 1, 1, 0]: mean .75, unbiased std
+    # sqrt((3 * .0625 + .5625) / 3) = .5 -> a: .25/(.5+E) = 0.5, b: -.75/(.5+E) = -1.5.
+    close(adv(b, GRPOConfig(stats="per_step")), [0.25 / (0.5 + E)] * 3 + [-0.75 / (0.5 + E)])
+    # A masked row leaves the pool: a keeps 2 rows -> [1, 1, 0]: mean 2/3, std sqrt(1/3).
+    m = make([0] * 4, [0, 0, 0, 1], [0, 1, 2, 0], [1, 1, 1, 0], mask=[True, False, True, True])
+    s = math.sqrt(1 / 3) + E
+    close(adv(m, GRPOConfig(stats="per_step")), [1 / 3 / s, 0.0, 1 / 3 / s, -2 / 3 / s])
+
+
 def test_grpo_all_equal_and_singleton_give_exact_zero():
     # All-equal group (ties): numerator exactly 0, no NaN even though std = 0.
     b = make([0, 0, 0, 1], [0, 1, 2, 3], [0, 0, 0, 0], [0.7, 0.7, 0.7, 0.3])

@@ -35,6 +35,11 @@ class GRPOConfig(_EstimatorConfig):
     singleton: Singleton = "zero"
     """A group with one usable rollout: ``zero`` (the z-score's numerator is 0) or ``raw``
     (verl: mean 0, std 1, so the outcome itself)."""
+    stats: Literal["per_rollout", "per_step"] = "per_rollout"
+    """Group statistics over the group's rollouts, one value each (so a long rollout does
+    not weigh more in the baseline), or over its step rows, each carrying its rollout's
+    outcome: verl-agent's multi-turn GRPO, which weights long rollouts more. ``per_step``
+    reproduces verl-agent runs; ``singleton`` then applies to a group of one row."""
 
 
 class RLOOConfig(_EstimatorConfig):

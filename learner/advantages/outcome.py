@@ -21,9 +21,17 @@ def _usable(batch: TurnBatch, ro: Rollouts) -> tuple[np.ndarray, np.ndarray]:
 
 
 def grpo(batch: TurnBatch, cfg: GRPOConfig) -> AdvantageResult:
-    """``(R_i - mean_G) / (std_G + eps)`` (or ``R_i - mean_G`` for Dr.GRPO) per rollout."""
+    """``(R_i - mean_G) / (std_G + eps)`` (or ``R_i - mean_G`` for Dr.GRPO) per rollout.
+
+    ``stats="per_step"`` takes mean and std over the group's usable step rows instead (each
+    row holds its rollout's outcome), as verl-agent's multi-turn GRPO does.
+    """
     ro = rollouts(batch)
     row_ok, roll_ok = _usable(batch, ro)
+    if cfg.stats == "per_step":
+        adv_rows = zscore(batch.outcome, batch.group_id, row_ok, scale=cfg.scale_by_std,
+                          std=cfg.std, eps=cfg.eps, singleton=cfg.singleton)
+        return AdvantageResult(advantages=adv_rows, mask=row_ok)
     value = batch.outcome[ro.last_row]
     adv = zscore(value, ro.group, roll_ok, scale=cfg.scale_by_std, std=cfg.std,
                  eps=cfg.eps, singleton=cfg.singleton)
