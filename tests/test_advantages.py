@@ -354,6 +354,36 @@ def test_gigpo_invalid_penalty_and_per_step_stats():
     close(adv(c, GiGPOConfig()), [e2] * 3 + [-e2])
 
 
+def test_gigpo_invalid_penalty_on_the_step_row():
+    # Issue 21 item 7. GI with b's turn 1 invalid (penalty .1), mean_norm for plain numbers.
+    b = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome,
+             anchor=["s0", "s1", "s2", "s0", "s0", "s1"],
+             invalid=[False, False, False, False, True, False], env=GI.rewards["env"])
+    # env_reward (default): env b = [0, -.1, 0] -> R_b = [-.095, -.1, 0], episode [1, -.1],
+    # mean .45 -> A_E a +.55, b -.55 on every row. Step pools: s0 {.9025, -.095, -.1} mean
+    # .235833; s1 {.95, 0} mean .475; s2 {a: 1} alone -> 0. The penalty reached b0 (-.095).
+    m0 = (0.9025 - 0.095 - 0.1) / 3
+    close(adv(b, GiGPOConfig(mode="mean_norm")),
+          [0.55 + 0.9025 - m0, 0.55 + 0.475, 0.55,
+           -0.55 + (-0.095 - m0), -0.55 + (-0.1 - m0), -0.55 - 0.475])
+    # step_row (verl-agent): returns stay unpenalised, a = [.9025, .95, 1], b = [0, 0, 0],
+    # episodes [1, 0] mean .5; only b1's row loses .1, from its episode score (-.5 - .1) and
+    # its step return (0 - .1). s0 {.9025, 0, -.1}: mean .2675; s1 {.95, 0}: mean .475.
+    row = GiGPOConfig(mode="mean_norm", invalid_penalty_on="step_row")
+    close(adv(b, row), [0.5 + 0.635, 0.5 + 0.475, 0.5, -0.5 - 0.2675, -0.6 - 0.3675, -0.975])
+    # mean_std_norm, episode level only: the rollouts' stats (returns [1, 0], unbiased std
+    # sqrt(.5)) standardise b1's score 0 - .1: -(.5 + .1) / (sqrt(.5) + E).
+    s = math.sqrt(0.5) + E
+    row_std = GiGPOConfig(step_weight=0.0, invalid_penalty_on="step_row")
+    close(adv(b, row_std), [0.5 / s] * 3 + [-0.5 / s, -0.6 / s, -0.5 / s])
+    # per_step stats put the penalised row into the pool: rows [1, 1, 1, 0, -.1, 0],
+    # mean .48333, unbiased var (3 * .51667^2 + 2 * .48333^2 + .58333^2) / 5.
+    rows = np.array([1, 1, 1, 0, -0.1, 0])
+    sd = rows.std(ddof=1) + E
+    per_step = GiGPOConfig(step_weight=0.0, invalid_penalty_on="step_row", episode_stats="per_step")
+    close(adv(b, per_step), (rows - rows.mean()) / sd)
+
+
 def test_gigpo_equals_grpo_when_no_anchor_repeats():
     rng = np.random.default_rng(1)
     group, rollout, turn, env, outcome, anchor = [], [], [], [], [], []

@@ -145,8 +145,14 @@ class GiGPOConfig(_EstimatorConfig):
     gamma: float = Field(0.95, ge=0.0, le=1.0)
     """Discount of the step return ``R_t = r_t + gamma * R_{t+1}`` on env rewards."""
     invalid_penalty: float = Field(0.1, ge=0.0)
-    """Subtracted from a turn's env reward when its action was invalid (set 0 if the
-    environment already charges it)."""
+    """Charged for a turn whose action was invalid (set 0 if the environment already charges
+    it); where it is charged is ``invalid_penalty_on``."""
+    invalid_penalty_on: Literal["env_reward", "step_row"] = "env_reward"
+    """``env_reward`` (default): subtracted from the turn's env reward before returns are
+    computed, so, like any reward, it lowers the rollout's episode return (on every row) and
+    is discounted into the returns of earlier steps, which led to the invalid action.
+    ``step_row`` (verl-agent): subtracted only from the invalid step's own row, from its
+    episode score and from its already-discounted return; other rows never see it."""
     episode_return: Literal["env_sum", "outcome"] = "env_sum"
     """Episode return: the undiscounted sum of env rewards, or the outcome reward."""
     episode_stats: Literal["per_rollout", "per_step"] = "per_rollout"

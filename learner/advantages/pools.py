@@ -61,28 +61,48 @@ def zscore(
     if idx.size == 0:
         return out
     x = np.asarray(values, dtype=np.float64)[idx]
-    _, inv = np.unique(np.asarray(pools)[idx], return_inverse=True)
+    stats = pool_stats(x, np.asarray(pools)[idx], std=std if scale else None,
+                       var_floor=var_floor)
+    dev = x - stats.mean
+    z = dev / (stats.sd + eps) if scale else dev
+    z = np.where(stats.constant, 0.0, z)
+    if singleton == "raw":
+        z = np.where(stats.n == 1, x / (1.0 + eps) if scale else x, z)
+    out[idx] = z
+    return out
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Statistics of each row's pool, repeated per row (shapes ``[M]``)."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+    """``sqrt(var + var_floor)``; 0 when not asked for."""
+    n: np.ndarray
+    constant: np.ndarray
+    """bool, every value of the pool is equal."""
+
+
+def pool_stats(x: np.ndarray, pools: np.ndarray, *, std: StdKind | None = "population",
+               var_floor: float = 0.0) -> PoolStats:
+    """Mean, std (``None``: skip it), size and constancy of each row's pool, per row."""
+    _, inv = np.unique(pools, return_inverse=True)
     inv = inv.reshape(-1)
-    k = int(inv.max()) + 1
+    k = int(inv.max()) + 1 if len(inv) else 0
     n = np.bincount(inv, minlength=k).astype(np.float64)
-    mean = np.bincount(inv, weights=x, minlength=k) / n
-    dev = x - mean[inv]
-    z = dev
-    if scale:
+    mean = np.bincount(inv, weights=x, minlength=k) / np.maximum(n, 1.0)
+    sd = np.zeros(k)
+    if std is not None:
+        dev = x - mean[inv]
         ddof = 1.0 if std == "unbiased" else 0.0
         ss = np.bincount(inv, weights=dev * dev, minlength=k)
         sd = np.sqrt(ss / np.maximum(n - ddof, 1.0) + var_floor)
-        z = dev / (sd[inv] + eps)
     lo = np.full(k, np.inf)
     hi = np.full(k, -np.inf)
     np.minimum.at(lo, inv, x)
     np.maximum.at(hi, inv, x)
-    z = np.where((lo == hi)[inv], 0.0, z)
-    single = n[inv] == 1
-    if singleton == "raw":
-        z = np.where(single, x / (1.0 + eps) if scale else x, z)
-    out[idx] = z
-    return out
+    return PoolStats(mean=mean[inv], sd=sd[inv], n=n[inv], constant=(lo == hi)[inv])
 
 
 @dataclass(frozen=True)
