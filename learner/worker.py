@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.advantages import compute_advantages, required_fields
+from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import turn_batch_from_trajectories
 from learner.batching import TokenBatch, build_token_batch
 from learner.config import LearnerConfig
@@ -102,14 +102,19 @@ class LearnerWorker:
         return metrics
 
     def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
-        """Advantages and the turn mask. A reward the estimator needs that a scorer failed to
+        """Advantages and the turn mask. The estimator weighs and combines the sources stamped
+        in ``metadata["reward_weights"]``. A reward the estimator reads that a scorer failed to
         give (``None``) is handled per ``on_missing`` (default: the ``metadata["on_missing"]``
         the reward service stamps from RewardsConfig, else ``mask_turn``): ``mask_turn`` drops
         that turn from every pool and the loss, ``skip_group`` drops the trajectory's whole
         group, ``zero`` reads it as 0.0 (biased; for debugging)."""
         batch = turn_batch_from_trajectories(trajs)
         mask = batch.mask.copy()
-        needed = required_fields(self.cfg.estimator)
+        # The run's reward sources and weights, stamped by the reward service
+        # (RewardsConfig.trained_weights()); without a stamp, the estimator's own sources.
+        weights = next((t.metadata["reward_weights"] for t in trajs if "reward_weights" in t.metadata),
+                       None)
+        needed = read_sources(self.cfg.estimator, weights)
         mode = on_missing or next((t.metadata["on_missing"] for t in trajs if "on_missing" in t.metadata),
                                   "mask_turn")
         if mode not in ("mask_turn", "skip_group", "zero"):
@@ -132,7 +137,7 @@ class LearnerWorker:
         if "outcome" in needed:
             mask &= ~np.isnan(batch.outcome)
         batch = dataclasses.replace(batch, mask=mask)
-        res = compute_advantages(batch, self.cfg.estimator)
+        res = compute_advantages(batch, self.cfg.estimator, weights)
         # The estimator may drop more turns (e.g. a rollout whose summed reward is NaN); those
         # must leave the loss too, not train with advantage 0 and dilute the token mean.
         return res, mask if res.mask is None else mask & res.mask

@@ -18,6 +18,7 @@ from learner.advantages import (
     TurnBatch,
     anchor_hash,
     compute_advantages,
+    read_sources,
     required_fields,
     turn_batch_from_trajectories,
 )
@@ -29,6 +30,7 @@ from learner.advantages.config import (
     HGPOConfig,
     IGPOConfig,
     MatchTIRConfig,
+    PRMEstimatorConfig,
     RLOOConfig,
 )
 from learner.advantages.tool import main as tool_main
@@ -312,8 +314,9 @@ def test_matchtir_missing_reward_masks_rollout():
 
 # ---------------------------------------------------------------- GiGPO
 # a: anchors s0 s1 s2, env 0 0 1 | b: anchors s0 s0 s1 (looped back), env 0 0 0
+GI_ANCHORS = ["s0", "s1", "s2", "s0", "s0", "s1"]
 GI = make([0] * 6, [0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1, 1, 1, 0, 0, 0],
-          anchor=["s0", "s1", "s2", "s0", "s0", "s1"], env=[0, 0, 1, 0, 0, 0])
+          anchor=GI_ANCHORS, env=[0, 0, 1, 0, 0, 0])
 
 
 def test_gigpo_episode_plus_step():
@@ -459,16 +462,100 @@ def test_hgpo_masked_turn_leaves_pools_keeps_history():
     close(out[[2, 5]], [(k + 2 * o + 3 * o) / 6, (-2 * k - 2 * o - 3 * o) / 6])
 
 
+# ---------------------------------------------------------------- configured sources (item 9)
+# a: turns 0, 1 (PRM .8, .6), outcome 1 | b: turns 0, 1 (PRM .2, .4), outcome 0
+PRM_BATCH = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], prm=[0.8, 0.6, 0.2, 0.4])
+
+
+def test_prm_estimator_process_rewards_with_outcome_at_the_end():
+    # PRM pool (all turns of the group) [.8, .6, .2, .4]: mean .5, devs .3 .1 -.3 -.1,
+    # population var (.09 + .01 + .09 + .01) / 4 = .05 -> z = dev / (sqrt(.05) + E).
+    s = math.sqrt(0.05) + E
+    # Outcome pool [1, 0] on the final turns: +-.5 / (.5 + E).
+    o = 0.5 / (0.5 + E)
+    # gamma 1: A_1 = z_1 + o, A_0 = z_0 + A_1.
+    a1, b1 = 0.1 / s + o, -0.1 / s - o
+    close(adv(PRM_BATCH, PRMEstimatorConfig()), [0.3 / s + a1, a1, -0.3 / s + b1, b1])
+    # Weights: prm .5 and outcome 2 scale their normalised terms.
+    w = compute_advantages(PRM_BATCH, PRMEstimatorConfig(), {"outcome": 2.0, "prm": 0.5})
+    a1, b1 = 0.05 / s + 2 * o, -0.05 / s - 2 * o
+    close(w.advantages, [0.15 / s + a1, a1, -0.15 / s + b1, b1])
+    # A missing PRM on a non-final turn masks that turn; a final turn keeps its outcome.
+    m = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], prm=[NAN, NAN, 0.2, 0.4])
+    res = compute_advantages(m, PRMEstimatorConfig())
+    # PRM pool [.2, .4]: +-.1/(.1 + E); a: turn 0 masked, turn 1 = o; b: -o + .1/(.1+E) ...
+    q = 0.1 / (0.1 + E)
+    close(res.advantages, [0.0, o, -q + q - o, q - o])
+    assert res.mask.tolist() == [False, True, True, True]
+
+
+def test_igpo_adds_configured_prm_normalised_in_its_own_pool():
+    # a: IG .2 then answer (outcome 1); b: IG 0 then answer (outcome 0); PRM on every turn.
+    b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.2, NAN, 0.0, NAN],
+             prm=[0.9, 0.5, 0.1, 0.5])
+    # Joint IG/outcome pool [.2, 1, 0, 0]: mean .3, devs -.1 .7 -.3 -.3, population var .17.
+    s = math.sqrt(0.17 + F)
+    # PRM pool [.9, .5, .1, .5]: mean .5, devs .4 0 -.4 0, population var .08, weight .5.
+    p = math.sqrt(0.08 + F)
+    ra = [-0.1 / s + 0.5 * 0.4 / p, 0.7 / s]
+    rb = [-0.3 / s - 0.5 * 0.4 / p, -0.3 / s]
+    expected = [ra[0] + ra[1], ra[1], rb[0] + rb[1], rb[1]]
+    run = {"outcome": 1.0, "prm": 0.5}
+    close(compute_advantages(b, IGPOConfig(), run).advantages, expected)
+    # Without the run's weights IGPO reads IG and the outcome only, as before.
+    close(adv(b, IGPOConfig()), [-0.1 / s + 0.7 / s, 0.7 / s, -0.6 / s, -0.3 / s])
+    # The rewards weight of IG multiplies its normalised value, with ig_weight.
+    half = compute_advantages(b, IGPOConfig(ig_weight=0.5), {"ig": 0.5}).advantages
+    close(half, [-0.025 / s + 0.7 / s, 0.7 / s, -0.075 / s - 0.3 / s, -0.3 / s])
+
+
+def test_sum_first_estimators_add_weighted_raw_turn_sources():
+    # MatchTIR with match weighted 2 and a PRM configured equals MatchTIR on the raw turn
+    # reward 2 * match + prm (outcome + prm on the final turn): the sources are summed raw.
+    prm = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    mt = make(MT.group_id, MT.rollout_id, MT.turn_index, MT.outcome,
+              match=MT.rewards["match"], prm=prm)
+    final = np.array([False, False, True, False, True, False, True])
+    merged = np.where(final, MT.outcome, 2 * MT.rewards["match"]) + prm
+    flat = make(MT.group_id, MT.rollout_id, MT.turn_index, MT.outcome, match=merged)
+    close(compute_advantages(mt, MatchTIRConfig(), {"match": 2.0, "prm": 1.0}).advantages,
+          adv(flat, MatchTIRConfig(final_turn_reward="match")), rel=1e-12)
+    # GiGPO: env weighted .5 plus a PRM equals GiGPO on env' = .5 env + prm.
+    gp = np.array([0.3, 0.1, 0.0, 0.2, 0.2, 0.5])
+    gi = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome, anchor=GI_ANCHORS,
+              env=GI.rewards["env"], prm=gp)
+    plain = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome, anchor=GI_ANCHORS,
+                 env=0.5 * GI.rewards["env"] + gp)
+    close(compute_advantages(gi, GiGPOConfig(), {"env": 0.5, "prm": 1.0}).advantages,
+          adv(plain, GiGPOConfig()), rel=1e-12)
+
+
+def test_outcome_estimators_read_only_the_outcome_weighted():
+    # GRPO and RLOO read no turn source: a configured PRM is not theirs to read (the run
+    # fails at start, cluster/requirements.py); the outcome weight scales the advantage.
+    assert read_sources(GRPOConfig(), {"outcome": 1.0, "prm": 1.0}) == {"outcome"}
+    assert read_sources(IGPOConfig(), {"outcome": 1.0, "prm": 1.0}) == {"outcome", "ig", "prm"}
+    assert read_sources(GiGPOConfig(), {"outcome": 1.0, "match": 1.0}) == {"env", "match"}
+    close(compute_advantages(FOUR, GRPOConfig(), {"outcome": 2.0}).advantages,
+          2 * adv(FOUR, GRPOConfig()))
+    close(compute_advantages(FOUR, RLOOConfig(), {"outcome": 2.0}).advantages,
+          2 * adv(FOUR, RLOOConfig()))
+    # A configured source the batch lacks is named.
+    with pytest.raises(ValueError, match="prm"):
+        compute_advantages(IG_BATCH, IGPOConfig(), {"prm": 1.0})
+
+
 # ---------------------------------------------------------------- wiring and configs
 def test_registry_required_fields_and_missing_field_errors():
     configs = [GRPOConfig(), RLOOConfig(), IGPOConfig(), A2TGPOConfig(), MatchTIRConfig(),
-               GiGPOConfig(), HGPOConfig()]
+               PRMEstimatorConfig(), GiGPOConfig(), HGPOConfig()]
     assert sorted(ESTIMATORS) == sorted(c.type for c in configs)
     assert required_fields(GRPOConfig()) == {"outcome"}
     assert required_fields(IGPOConfig()) == {"outcome", "ig"}
     assert required_fields(MatchTIRConfig()) == {"match", "outcome"}
     assert required_fields(GiGPOConfig()) == {"env", "anchor"}
     assert required_fields(HGPOConfig()) == {"env", "anchor"}
+    assert required_fields(PRMEstimatorConfig()) == {"outcome", "prm"}
     with pytest.raises(ValueError, match="anchor"):
         compute_advantages(make([0], [0], [0], [1], env=[1]), GiGPOConfig())
     with pytest.raises(ValueError, match="ig"):
@@ -480,7 +567,7 @@ def test_every_estimator_gives_exact_zeros_on_all_equal_rewards():
     # estimator must return exactly 0.0 (the documented all-equal result), never NaN.
     n = 6
     b = make([0] * n, [0, 0, 1, 1, 2, 2], [0, 1] * 3, [0.5] * n, anchor=["s0", "s1"] * 3,
-             ig=[0.5] * n, match=[0.5] * n, env=[0.5] * n)
+             ig=[0.5] * n, match=[0.5] * n, env=[0.5] * n, prm=[0.5] * n)
     for name in ESTIMATORS:
         res = compute_advantages(b, TypeAdapter(EstimatorConfig).validate_python({"type": name}))
         assert np.all(res.advantages == 0.0), name
@@ -488,7 +575,7 @@ def test_every_estimator_gives_exact_zeros_on_all_equal_rewards():
 
 def test_empty_batch_gives_empty_result():
     e = np.zeros(0)
-    b = make(e, e, e, e, anchor=[], ig=e, env=e, match=e)
+    b = make(e, e, e, e, anchor=[], ig=e, env=e, match=e, prm=e)
     for name in ESTIMATORS:
         cfg = TypeAdapter(EstimatorConfig).validate_python({"type": name})
         assert compute_advantages(b, cfg).advantages.shape == (0,)

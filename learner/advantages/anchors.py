@@ -3,9 +3,10 @@
 Both discount environment rewards into step returns ``R_t = r_t + gamma * R_{t+1}`` (an
 invalid action costs ``invalid_penalty``) and compare a step with the steps of its group
 that were taken in the same anchor observation (GiGPO), or with the same last k anchor
-observations (HGPO). Returns of raw rewards are undefined when one is missing, so a rollout
-with any missing env reward is masked as a whole; a turn masked by the batch still counts
-in its rollout's returns (and in the anchor history) but enters no pool and gets 0.
+observations (HGPO). The env reward is weighted and extra turn sources add their weighted
+raw values to it (sum-first, ``sources.py``); the penalty is never weighted. Returns of raw
+rewards are undefined when one is missing, so a rollout with any missing env reward is
+masked as a whole; a turn masked by the batch still counts in its rollout's returns (and in the anchor history) but enters no pool and gets 0.
 """
 
 from __future__ import annotations
@@ -22,19 +23,22 @@ from learner.advantages.pools import (
     rollouts,
     zscore,
 )
+from learner.advantages.sources import SourceWeights, extra_raw
 
 
-def _env_rewards(batch: TurnBatch, ro: Rollouts, penalty: float) -> tuple[np.ndarray, np.ndarray]:
-    """(penalised env reward, 0 where missing ``[N]``; rollout complete ``[R]``)."""
+def _env_rewards(batch: TurnBatch, ro: Rollouts, penalty: float,
+                 sw: SourceWeights) -> tuple[np.ndarray, np.ndarray]:
+    """(weighted, penalised env reward plus the weighted extra turn sources, 0 where missing
+    ``[N]``; rollout complete ``[R]``)."""
     env = batch.rewards["env"]
     finite = np.isfinite(env)
-    r = np.where(finite, env, 0.0)
+    r = sw.w("env") * np.where(finite, env, 0.0) + extra_raw(batch, sw)
     if batch.invalid is not None:
         r = r - penalty * batch.invalid
     return r, ro.all_rows(finite)
 
 
-def gigpo(batch: TurnBatch, cfg: GiGPOConfig) -> AdvantageResult:
+def gigpo(batch: TurnBatch, cfg: GiGPOConfig, sw: SourceWeights = SourceWeights()) -> AdvantageResult:
     """``A = A_E + w * A_S``.
 
     ``A_E``: z-score of the episode return (sum of penalised env rewards, or the outcome)
@@ -45,9 +49,9 @@ def gigpo(batch: TurnBatch, cfg: GiGPOConfig) -> AdvantageResult:
     """
     ro = rollouts(batch)
     on_row = cfg.invalid_penalty_on == "step_row"
-    r, complete = _env_rewards(batch, ro, 0.0 if on_row else cfg.invalid_penalty)
+    r, complete = _env_rewards(batch, ro, 0.0 if on_row else cfg.invalid_penalty, sw)
     if cfg.episode_return == "outcome":
-        ret = batch.outcome[ro.last_row]
+        ret = sw.w("outcome") * batch.outcome[ro.last_row]
         complete = complete & np.isfinite(ret)
     else:
         ret = ro.total(r)
@@ -108,7 +112,7 @@ def _history_pools(batch: TurnBatch, ro: Rollouts, k: int) -> np.ndarray:
     return codes
 
 
-def hgpo(batch: TurnBatch, cfg: HGPOConfig) -> AdvantageResult:
+def hgpo(batch: TurnBatch, cfg: HGPOConfig, sw: SourceWeights = SourceWeights()) -> AdvantageResult:
     """Weighted average over levels k = 1..K+1 of the z-scored step return.
 
     At level k the steps of a group whose last k anchor observations are identical form a
@@ -117,7 +121,7 @@ def hgpo(batch: TurnBatch, cfg: HGPOConfig) -> AdvantageResult:
     over the levels used; a step with none gets 0.
     """
     ro = rollouts(batch)
-    r, complete = _env_rewards(batch, ro, cfg.invalid_penalty)
+    r, complete = _env_rewards(batch, ro, cfg.invalid_penalty, sw)
     ok = batch.mask & complete[ro.inverse]
     step_return = discounted_sum(r, ro, cfg.gamma)
     scale = cfg.mode == "mean_std_norm"

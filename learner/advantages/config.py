@@ -131,6 +131,25 @@ class MatchTIRConfig(_EstimatorConfig):
     trajectory sum, un-normalised there)."""
 
 
+class PRMEstimatorConfig(_EstimatorConfig):
+    """Process rewards as turn rewards with the outcome at the end, critic-free: each PRM
+    score z-scored among all turns of its group, the outcome among the group's rollouts and
+    placed on the final turn, then ``A_t = r~_t + gamma * A_{t+1}`` (DeepSeekMath's process
+    supervision GRPO, on the per-turn PRM rewards of Lightman et al. / Gao et al.)."""
+
+    type: Literal["prm"] = "prm"
+    """Registry key."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount of the backward accumulation (1: each turn gets the sum of what follows)."""
+    std: StdKind = "population"
+    """Std estimator of the pools."""
+    eps: float = Field(1e-6, ge=0.0)
+    """Added to the std before dividing."""
+    singleton: Singleton = "zero"
+    """A pool of one value (a lone rollout, or one scored turn in a group): ``zero`` or
+    ``raw``."""
+
+
 class GiGPOConfig(_EstimatorConfig):
     """GiGPO: ``A = A_E + step_weight * A_S``; episode level over the group, step level over
     the group's steps sharing an anchor observation."""
@@ -192,14 +211,14 @@ class HGPOConfig(_EstimatorConfig):
 
 
 EstimatorConfig = Annotated[
-    Union[GRPOConfig, RLOOConfig, IGPOConfig, A2TGPOConfig, MatchTIRConfig, GiGPOConfig,
-          HGPOConfig],
+    Union[GRPOConfig, RLOOConfig, IGPOConfig, A2TGPOConfig, MatchTIRConfig, PRMEstimatorConfig,
+          GiGPOConfig, HGPOConfig],
     Field(discriminator="type"),
 ]
 
 ESTIMATOR_CONFIGS: dict[str, type[BaseModel]] = {
     cls.model_fields["type"].default: cls
     for cls in (GRPOConfig, RLOOConfig, IGPOConfig, A2TGPOConfig, MatchTIRConfig,
-                GiGPOConfig, HGPOConfig)
+                PRMEstimatorConfig, GiGPOConfig, HGPOConfig)
 }
 """Config class per estimator name, for tools that build a config from a name."""
