@@ -1,8 +1,9 @@
 """MatchTIR turn rewards: bipartite matching of predicted tool calls against gold calls.
 
-Owns the pure maths of algorithms.md "MatchTIR": call similarity, the hard assignment (optimal
-Hungarian by default, the authors' greedy highest-first rule as an option), the soft assignment
-(log-domain Sinkhorn) and the per-turn reward. numpy/scipy only; no torch, Ray or I/O.
+Owns the pure maths of MatchTIR (docs/advantages.md, "Sources"): call similarity, the hard
+assignment (optimal Hungarian by default, the authors' greedy highest-first rule as an
+option), the soft assignment (log-domain Sinkhorn) and the per-turn reward. numpy/scipy
+only; no torch, Ray or I/O.
 
 Matching runs over the whole trajectory (call order and turn are ignored), then each turn's
 reward is the mean of its calls' rewards. Choices where the paper is silent follow the authors'

@@ -1,7 +1,8 @@
 """Turn-level advantage estimators against hand-derived values, plus invariants and the tool.
 
-Every expected number is derived in the comment above it from the reference semantics
-(/work/shared/reference/algorithms.md); ``E`` is the default eps 1e-6 added to stds.
+Every expected number is derived in the comment above it from the semantics stated in
+docs/advantages.md (the papers and the authors' code it cites); ``E`` is the default eps 1e-6
+added to stds.
 """
 
 from __future__ import annotations

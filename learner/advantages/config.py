@@ -2,8 +2,8 @@
 
 Imports only pydantic (the driver and CLI import configs; they must not pay for numpy/torch).
 Defaults follow each method's paper; where the paper is silent they follow the authors'
-code, and the other convention is an option. See docs/advantages.md for the derivations
-and /work/shared/reference/algorithms.md for the semantics matched.
+code, and the other convention is an option. docs/advantages.md states the semantics, the
+authors' variants, and cites the papers and the authors' public repositories.
 """
 
 from __future__ import annotations
