@@ -1,7 +1,10 @@
 """Fail at start, naming what is missing, when the estimator or a reward source needs data
-the environment or the configured reward sources cannot supply."""
+the environment or the configured reward sources cannot supply, and naming what would be
+wasted, when a configured reward source is one the estimator does not read."""
 
 from __future__ import annotations
+
+import warnings
 
 from envs.base import TaskSource
 
@@ -47,11 +50,45 @@ def check_reward_sources(cfg: RunConfig, source: TaskSource) -> None:
         load_callable(prm.function)  # raises naming the function
 
 
+def unread_sources(cfg: RunConfig) -> list[str]:
+    """Configured reward sources the estimator would never read: a set section (ig, match,
+    prm) or a source named in ``rewards.weights``, the outcome only when its weight was set
+    explicitly (it is always scored), and never one weighted 0 (deliberately unused)."""
+    from learner.advantages import read_sources
+
+    configured = cfg.rewards.trained_weights()
+    read = read_sources(cfg.learner.estimator, configured)
+    return [s for s, w in configured.items()
+            if s not in read and w != 0
+            and (s != "outcome" or cfg.rewards.explicitly_weighted("outcome"))]
+
+
+def check_sources_are_read(cfg: RunConfig) -> None:
+    """Every configured source counts: fail (or, with ``rewards.unread=warn``, warn) naming
+    the ones the chosen estimator ignores."""
+    unread = unread_sources(cfg)
+    if not unread:
+        return
+    names = ", ".join(f"rewards.{s}" if getattr(cfg.rewards, s, None) is not None
+                      else f"rewards.weights.{s}" for s in unread)
+    message = (
+        f"learner.estimator.type={cfg.learner.estimator.type!r} does not read {names}: it would be "
+        "scored on every rollout and thrown away. Pick an estimator that reads turn rewards "
+        "(igpo, a2tgpo, matchtir, prm, gigpo, hgpo take every configured turn source), remove "
+        f"{names}, weight it 0 in rewards.weights, or set rewards.unread=warn to go on anyway"
+    )
+    if cfg.rewards.unread == "warn":
+        warnings.warn(message, stacklevel=2)
+    else:
+        raise ValueError(message)
+
+
 def check_requirements(cfg: RunConfig, source: TaskSource) -> None:
     from learner.advantages import required_fields
 
     provides = source.provides()
     check_reward_sources(cfg, source)
+    check_sources_are_read(cfg)
     if cfg.learner.loss.type == "trajectory_balance" and cfg.rollout.history_turns is not None:
         raise ValueError(
             "learner.loss.type='trajectory_balance' sums log-probs over whole episodes, but "

@@ -96,7 +96,14 @@ class LearnerConfig(BaseModel):
     batch_groups: int = Field(4, ge=1)
     """B: groups per optimizer step."""
     micro_batch_size: int = Field(16, ge=1)
-    """Sequences per forward/backward; gradients accumulate over the batch."""
+    """Sequences per forward/backward; gradients accumulate over a mini-batch."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each claimed batch. Every pass after the first is off-policy to the weights
+    that computed the old log-probs, which is what the PPO clip bounds."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per pass: the batch's rows are split into this many contiguous parts
+    (at most one per row). With ``ppo_epochs`` 1 and ``mini_batches`` 1 the batch takes one
+    on-policy step: the ratio is exactly 1 and the clip never engages."""
     lr: float = Field(1e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)

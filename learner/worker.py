@@ -1,5 +1,6 @@
-"""The DeepSpeed learner: claim a batch, compute turn advantages, take one optimizer step,
-publish the new weights, acknowledge the batch, checkpoint, commit.
+"""The DeepSpeed learner: claim a batch, compute turn advantages, take ``ppo_epochs`` x
+``mini_batches`` optimizer steps against old log-probs computed once, publish the new weights,
+acknowledge the batch, checkpoint, commit.
 
 Exactly-once training across crashes: every step appends its group ids to
 ``trained_groups.jsonl``; a checkpoint commits the acknowledged groups in the replay store;
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.advantages import compute_advantages, required_fields
+from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import turn_batch_from_trajectories
 from learner.batching import TokenBatch, build_token_batch
 from learner.config import LearnerConfig
@@ -59,6 +60,8 @@ class LearnerWorker:
         self.log_z_opt = (torch.optim.Adam(self.log_z.parameters(), lr=cfg.loss.log_z_lr)
                           if self.log_z is not None else None)
         self.task_codes: dict[str, int] = {}
+        # Metrics of each optimizer step of the last batch (one per epoch x mini-batch).
+        self.update_metrics: list[dict[str, float]] = []
         self.version = state["version"] if state else 0
         self.step = state["step"] if state else 0
         self.trained_log = self.run_dir / "trained_groups.jsonl"
@@ -99,14 +102,19 @@ class LearnerWorker:
         return metrics
 
     def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
-        """Advantages and the turn mask. A reward the estimator needs that a scorer failed to
+        """Advantages and the turn mask. The estimator weighs and combines the sources stamped
+        in ``metadata["reward_weights"]``. A reward the estimator reads that a scorer failed to
         give (``None``) is handled per ``on_missing`` (default: the ``metadata["on_missing"]``
         the reward service stamps from RewardsConfig, else ``mask_turn``): ``mask_turn`` drops
         that turn from every pool and the loss, ``skip_group`` drops the trajectory's whole
         group, ``zero`` reads it as 0.0 (biased; for debugging)."""
         batch = turn_batch_from_trajectories(trajs)
         mask = batch.mask.copy()
-        needed = required_fields(self.cfg.estimator)
+        # The run's reward sources and weights, stamped by the reward service
+        # (RewardsConfig.trained_weights()); without a stamp, the estimator's own sources.
+        weights = next((t.metadata["reward_weights"] for t in trajs if "reward_weights" in t.metadata),
+                       None)
+        needed = read_sources(self.cfg.estimator, weights)
         mode = on_missing or next((t.metadata["on_missing"] for t in trajs if "on_missing" in t.metadata),
                                   "mask_turn")
         if mode not in ("mask_turn", "skip_group", "zero"):
@@ -129,48 +137,87 @@ class LearnerWorker:
         if "outcome" in needed:
             mask &= ~np.isnan(batch.outcome)
         batch = dataclasses.replace(batch, mask=mask)
-        res = compute_advantages(batch, self.cfg.estimator)
+        res = compute_advantages(batch, self.cfg.estimator, weights)
         # The estimator may drop more turns (e.g. a rollout whose summed reward is NaN); those
         # must leave the loss too, not train with advantage 0 and dilute the token mean.
         return res, mask if res.mask is None else mask & res.mask
 
     def _update(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Advantages, then ``ppo_epochs`` x ``mini_batches`` optimizer steps on the batch.
+
+        Old log-probs are computed once, before the first step, so later steps' ratios
+        measure how far the policy has moved and the clip engages. With one epoch and one
+        mini-batch the single step is on-policy: the old log-probs are the current ones,
+        detached, without a second forward pass (today's behaviour, exactly)."""
         t0 = time.perf_counter()
         res, mask = self._advantages(trajs)
         tb = build_token_batch(trajs, res.advantages, mask, self.tokenizer.pad_token_id,
                                res.clip_low, res.clip_high)
         t1 = time.perf_counter()
-        total_tokens, sums = max(tb.num_tokens, 1.0), {}
-        self.engine.train()
         n_rows = tb.input_ids.size(0)
+        if self.cfg.mini_batches > n_rows:
+            raise ValueError(f"learner.mini_batches={self.cfg.mini_batches} exceeds the batch's "
+                             f"{n_rows} rows; lower it (at most one mini-batch per row)")
         task_ids, log_r = self._tb_rows(trajs, tb)
+        old = None
+        if self.cfg.ppo_epochs * self.cfg.mini_batches > 1:
+            old = self._old_logprobs(tb)
+        t2 = time.perf_counter()
+        self.engine.train()
+        parts = np.array_split(np.arange(n_rows), self.cfg.mini_batches)
+        self.update_metrics = [
+            self._optimizer_step(tb, int(part[0]), int(part[-1]) + 1, old, task_ids, log_r)
+            for _ in range(self.cfg.ppo_epochs) for part in parts]
+        return {**_combine_updates(self.update_metrics),
+                "loss/updates": float(len(self.update_metrics)),
+                "adv/mean": float(res.advantages[mask].mean()) if mask.any() else 0.0,
+                "adv/abs_mean": float(np.abs(res.advantages[mask]).mean()) if mask.any() else 0.0,
+                "time/advantages_s": t1 - t0, "time/old_logprobs_s": t2 - t1,
+                "tokens/trained": tb.num_tokens,
+                "tokens/rows": float(n_rows), "tokens/row_width": float(tb.input_ids.size(1))}
+
+    def _old_logprobs(self, tb: TokenBatch) -> torch.Tensor:
+        """``[N, L-1]`` log-probs of every token under the weights before this batch's first
+        step (no grad, eval mode so dropout cannot make them noisy)."""
+        old = torch.zeros(tb.loss_mask.shape, dtype=torch.float32)
+        self.engine.eval()
+        with torch.no_grad():
+            for a in range(0, tb.input_ids.size(0), self.cfg.micro_batch_size):
+                mb = tb.rows(a, a + self.cfg.micro_batch_size)
+                logp, _ = self._token_logprobs(mb)
+                old[a:a + mb.input_ids.size(0), :logp.size(1)] = logp
+        return old
+
+    def _optimizer_step(self, tb: TokenBatch, start: int, stop: int, old: torch.Tensor | None,
+                        task_ids: torch.Tensor | None, log_r: torch.Tensor | None) -> dict[str, float]:
+        """One optimizer step on rows ``start:stop``, accumulated over micro-batches."""
+        rows = stop - start
+        tokens = max(float(tb.loss_mask[start:stop].sum()), 1.0)
         row_mean = self.cfg.loss.type != "ppo" or self.cfg.loss.agg != "token-mean"
+        sums: dict[str, float] = {}
         # Windowed trajectories give more rows than trajectories, so the number of micro-batches
         # varies: the last one is marked as DeepSpeed's accumulation boundary by hand. backward()
         # divides by the configured accumulation steps, which the factor below cancels.
-        starts = range(0, n_rows, self.cfg.micro_batch_size)
+        starts = range(start, stop, self.cfg.micro_batch_size)
         for i, a in enumerate(starts):
-            b = min(a + self.cfg.micro_batch_size, n_rows)
+            b = min(a + self.cfg.micro_batch_size, stop)
             self.engine.set_gradient_accumulation_boundary(i == len(starts) - 1)
             mb = tb.rows(a, b)
+            mb_old = None if old is None else old[a:b, :mb.loss_mask.size(1)]
             loss, m = self._micro_step(mb, None if task_ids is None else task_ids[a:b],
-                                       None if log_r is None else log_r[a:b])
+                                       None if log_r is None else log_r[a:b], mb_old)
             # losses that average rows weigh a micro-batch by its rows, token means by tokens
-            share = mb.input_ids.size(0) / n_rows if row_mean else mb.num_tokens / total_tokens
+            share = mb.input_ids.size(0) / rows if row_mean else mb.num_tokens / tokens
             self.engine.backward(loss * share * self.micro_batches)
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v * share
+                sums[k] = _accumulate(k, sums.get(k), v, share)
         self.engine.step()
         if self.log_z_opt is not None:
             self.log_z_opt.step()
             self.log_z_opt.zero_grad()
         grad_norm = self.engine.get_global_grad_norm()
-        return {**{f"loss/{k}": v for k, v in sums.items()},
-                "loss/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                "adv/mean": float(res.advantages[mask].mean()) if mask.any() else 0.0,
-                "adv/abs_mean": float(np.abs(res.advantages[mask]).mean()) if mask.any() else 0.0,
-                "time/advantages_s": t1 - t0, "tokens/trained": tb.num_tokens,
-                "tokens/rows": float(n_rows), "tokens/row_width": float(tb.input_ids.size(1))}
+        sums["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        return sums
 
     def _tb_rows(self, trajs: list[Trajectory], tb: TokenBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Per row, for trajectory balance: its task's code in the log Z table and log R of
@@ -192,13 +239,20 @@ class LearnerWorker:
             )
         return code
 
-    def _micro_step(self, mb: TokenBatch, task_ids: torch.Tensor | None = None,
-                    log_r: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def _token_logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``[B, L-1]`` log-prob of each next token, ``[B, L-1, V]`` all log-probs) under the
+        policy being trained, at the rollout temperature."""
         out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
         logits = out.logits[:, :-1].float() / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
+        return logp_all.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), logp_all
+
+    def _micro_step(self, mb: TokenBatch, task_ids: torch.Tensor | None = None,
+                    log_r: torch.Tensor | None = None, old: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss and metrics of one micro-batch; ``old`` None means on-policy (old = current)."""
+        logp, logp_all = self._token_logprobs(mb)
         targets = mb.input_ids[:, 1:].unsqueeze(-1)
-        logp = logp_all.gather(-1, targets).squeeze(-1)
         entropy = None
         if self.cfg.loss.type == "ppo" and self.cfg.loss.entropy_coef > 0:
             entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -208,7 +262,8 @@ class LearnerWorker:
                 ref_logits = self.ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 ref = torch.log_softmax(ref_logits[:, :-1].float() / self.temperature, -1).gather(-1, targets).squeeze(-1)
         inputs = LossInputs(
-            logprobs=logp, old_logprobs=logp.detach(), behaviour_logprobs=mb.behaviour,
+            logprobs=logp, old_logprobs=logp.detach() if old is None else old,
+            behaviour_logprobs=mb.behaviour,
             advantages=mb.advantages, mask=mb.loss_mask, turn_ids=mb.turn_ids,
             clip_low=mb.clip_low, clip_high=mb.clip_high, ref_logprobs=ref, entropy=entropy,
             task_ids=task_ids, log_rewards=log_r,
@@ -260,3 +315,30 @@ class LearnerWorker:
 
     def get_step(self) -> int:
         return self.step
+
+
+def _accumulate(key: str, prev: float | None, value: float, share: float) -> float:
+    """Fold one micro-batch's metric into its optimizer step's: extremes (``*_min``,
+    ``*_max``) by min/max, everything else as a share-weighted sum (a mean over the step)."""
+    if prev is None:
+        return value if key.endswith(("_min", "_max")) else value * share
+    if key.endswith("_min"):
+        return min(prev, value)
+    if key.endswith("_max"):
+        return max(prev, value)
+    return prev + value * share
+
+
+def _combine_updates(updates: list[dict[str, float]]) -> dict[str, float]:
+    """``loss/*`` metrics of a batch from its optimizer steps: means over the steps, and the
+    extremes of ``*_min``/``*_max``."""
+    out: dict[str, float] = {}
+    for key in updates[0]:
+        values = [u[key] for u in updates]
+        if key.endswith("_min"):
+            out[f"loss/{key}"] = min(values)
+        elif key.endswith("_max"):
+            out[f"loss/{key}"] = max(values)
+        else:
+            out[f"loss/{key}"] = float(np.mean(values))
+    return out

@@ -232,6 +232,11 @@ class RewardsConfig(BaseModel):
     """How the reward service is laid out and batches."""
     weights: dict[str, float] = {}
     """Per-source weights (outcome, ig, prm, match, env); override the sections' ``weight``."""
+    unread: Literal["fail", "warn"] = "fail"
+    """A configured source the chosen estimator does not read (a PRM under GRPO) would be
+    scored every turn and thrown away: ``fail`` stops the run at start naming it; ``warn``
+    only warns (e.g. to log a PRM's scores while training on the outcome). A source
+    weighted 0 is taken as deliberately unused and never fails."""
     on_missing: Literal["mask_turn", "skip_group", "zero"] = "mask_turn"
     """What the learner does with a failed scorer's reward (None): mask the turn's loss, drop
     the whole group, or treat it as 0 (biased; for debugging)."""
@@ -271,3 +276,18 @@ class RewardsConfig(BaseModel):
             return self.weights[source]
         section = getattr(self, source, None)
         return section.weight if isinstance(section, BaseModel) else 1.0
+
+    def trained_weights(self) -> dict[str, float]:
+        """The sources this run configured for training, with their resolved weights: the
+        outcome, every section that is set (ig, match, prm), and every source named in
+        ``weights`` (the way to add ``env`` to an estimator that does not read it already).
+        The learner's estimator reads them (stamped as ``metadata["reward_weights"]``)."""
+        named = [s for s in REWARD_SOURCES
+                 if s == "outcome" or getattr(self, s, None) is not None or s in self.weights]
+        return {s: self.weight(s) for s in named}
+
+    def explicitly_weighted(self, source: str) -> bool:
+        """The user set this source's weight (in ``weights`` or its section's ``weight``)."""
+        section = getattr(self, source, None)
+        return source in self.weights or (
+            isinstance(section, BaseModel) and "weight" in section.model_fields_set)

@@ -1,6 +1,6 @@
 """IGPO information gain: the pure maths on per-token log-probabilities.
 
-Owns (algorithms.md, "IGPO"): rendering the answer template and locating the gold answer's
+Owns (docs/rewards.md, "IG (IGPO)"): rendering the answer template and locating the gold answer's
 tokens in it by character offsets; v = mean log-prob over those tokens; IG_t from v_0..v_{T-1}.
 No model here: ``rewards.ig_scorer`` runs the forward passes and calls these. numpy only.
 

@@ -1,6 +1,6 @@
 """IGPO scorer: runs the behaviour policy over every turn boundary of finished rollouts.
 
-Owns the forward passes behind ``rewards.ig`` (algorithms.md, "IGPO"). For a trajectory with
+Owns the forward passes behind ``rewards.ig`` (docs/rewards.md, "IG (IGPO)"). For a trajectory with
 T turns there are T boundaries b = 0..T-1; boundary b's context is the rollout's exact token ids
 ``prompt_ids + sum_{t<=b}(action_ids + observation_ids)`` (never re-rendered text), followed by
 the answer template's ids. Only live rows exist (one per real boundary, never per dead slot),

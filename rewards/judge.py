@@ -1,7 +1,7 @@
 """Generative judge: an LLM prompted with a per-turn rubric; its score parsed, retried once.
 
-Owns the prompt, the parser, the retry rule and the judge backends (algorithms.md, "PRM turn
-rewards"). A judgement is parsed from the last ``Score: <number>`` in the reply; a reply with
+Owns the prompt, the parser, the retry rule and the judge backends (docs/rewards.md,
+"Generative judge"). A judgement is parsed from the last ``Score: <number>`` in the reply; a reply with
 none, or a number outside [score_min, score_max], is unparseable. Unparseable replies get
 ``retries`` more attempts, each with a format reminder; after that the turn's reward is missing
 (None) and flagged, and every raw reply is kept. Scores are rescaled to [0, 1].

@@ -1,8 +1,9 @@
 """MatchTIR turn rewards: bipartite matching of predicted tool calls against gold calls.
 
-Owns the pure maths of algorithms.md "MatchTIR": call similarity, the hard assignment (optimal
-Hungarian by default, the authors' greedy highest-first rule as an option), the soft assignment
-(log-domain Sinkhorn) and the per-turn reward. numpy/scipy only; no torch, Ray or I/O.
+Owns the pure maths of MatchTIR (docs/advantages.md, "Sources"): call similarity, the hard
+assignment (optimal Hungarian by default, the authors' greedy highest-first rule as an
+option), the soft assignment (log-domain Sinkhorn) and the per-turn reward. numpy/scipy
+only; no torch, Ray or I/O.
 
 Matching runs over the whole trajectory (call order and turn are ignored), then each turn's
 reward is the mean of its calls' rewards. Choices where the paper is silent follow the authors'
@@ -74,13 +75,14 @@ def hungarian_assignment(sim: np.ndarray) -> list[int | None]:
 def greedy_assignment(sim: np.ndarray) -> list[int | None]:
     """The authors' rule: take pairs by descending similarity, skipping used rows/columns.
 
-    Ties are broken as their ``sorted((s, i, j), reverse=True)`` does: larger pred index first,
-    then larger gold index. Pairs with similarity 0 are never matched.
+    Pairs are listed prediction-major (all golds of prediction 0, then of prediction 1, ...)
+    and sorted on the score alone with a stable sort, as the authors' ``pairs.sort(
+    reverse=True, key=lambda x: x[0])`` does, so among equal scores the lowest prediction
+    index wins, then the lowest gold index. Pairs with similarity 0 are never matched.
     """
-    pairs = sorted(
-        ((float(sim[i, j]), i, j) for i in range(sim.shape[0]) for j in range(sim.shape[1])),
-        reverse=True,
-    )
+    listed = [(float(sim[i, j]), i, j) for i in range(sim.shape[0]) for j in range(sim.shape[1])]
+    # sorted() is stable, and reverse=True keeps equal keys in their listed order.
+    pairs = sorted(listed, key=lambda p: p[0], reverse=True)
     assignment: list[int | None] = [None] * sim.shape[0]
     used: set[int] = set()
     for score, i, j in pairs:

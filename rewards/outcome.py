@@ -1,6 +1,6 @@
 """Outcome reward: answer normalisation, exact match, token F1 and the format penalty.
 
-Owns the final-turn score every method shares (see algorithms.md, "Outcome reward"). Pure
+Owns the final-turn score every method shares (docs/rewards.md). Pure
 functions on strings; no torch, Ray or I/O. Normalisation follows the SQuAD evaluation script:
 lowercase, drop punctuation, drop the articles a/an/the, collapse whitespace.
 """

@@ -1,7 +1,7 @@
 """Process reward model: a score per turn, read at the turn's last action token.
 
 Owns loading a PRM from any Hugging Face path, laying a trajectory out for it and the batched
-forward passes (algorithms.md, "PRM turn rewards"). Two heads, both reduced to one logit z per
+forward passes (docs/rewards.md, "PRM"). Two heads, both reduced to one logit z per
 turn with P(good) = sigmoid(z):
 
 - ``reward_tokens``: a causal LM; z = logit(good_token) - logit(bad_token) at the marker,

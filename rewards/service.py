@@ -115,7 +115,7 @@ class RewardService:
         for traj in group.trajectories:
             score_cheap(traj, self.cfg)
         model, judged = await asyncio.gather(self._model_scores(group), self._judge_scores(group))
-        weights = {s: self.cfg.weight(s) for s in self.cfg.enabled()}
+        weights = self.cfg.trained_weights()
         for i, traj in enumerate(group.trajectories):
             for source, res in sorted({**model[i], **judged[i]}.items()):
                 write_source(traj, source, res)

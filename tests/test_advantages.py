@@ -1,7 +1,8 @@
 """Turn-level advantage estimators against hand-derived values, plus invariants and the tool.
 
-Every expected number is derived in the comment above it from the reference semantics
-(/work/shared/reference/algorithms.md); ``E`` is the default eps 1e-6 added to stds.
+Every expected number is derived in the comment above it from the semantics stated in
+docs/advantages.md (the papers and the authors' code it cites); ``E`` is the default eps 1e-6
+added to stds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from learner.advantages import (
     TurnBatch,
     anchor_hash,
     compute_advantages,
+    read_sources,
     required_fields,
     turn_batch_from_trajectories,
 )
@@ -29,11 +31,13 @@ from learner.advantages.config import (
     HGPOConfig,
     IGPOConfig,
     MatchTIRConfig,
+    PRMEstimatorConfig,
     RLOOConfig,
 )
 from learner.advantages.tool import main as tool_main
 
 E = 1e-6
+F = 1e-8  # IGPO's variance floor: std = sqrt(var + F) (the authors' corrected release)
 NAN = float("nan")
 
 
@@ -80,6 +84,21 @@ def test_grpo_pools_rollouts_not_turns_and_broadcasts_to_turns():
     b = make([0, 0, 0, 0], [0, 0, 0, 1], [0, 1, 2, 0], [1, 1, 1, 0])
     a = 0.5 / (math.sqrt(0.5) + E)
     close(adv(b, GRPOConfig()), [a, a, a, -a])
+
+
+def test_grpo_statistics_over_step_rows():
+    # Issue 21 item 8. Rollout a: 3 turns, outcome 1; rollout b: 1 turn, outcome 0.
+    b = make([0] * 4, [0, 0, 0, 1], [0, 1, 2, 0], [1, 1, 1, 0])
+    # per_rollout (default): pool [1, 0], unbiased std sqrt(.5) -> +-.5/(sqrt(.5)+E) = +-0.7071.
+    e = 0.5 / (math.sqrt(0.5) + E)
+    close(adv(b, GRPOConfig()), [e, e, e, -e])
+    # per_step (verl-agent): pool of rows [1, 1, 1, 0]: mean .75, unbiased std
+    # sqrt((3 * .0625 + .5625) / 3) = .5 -> a: .25/(.5+E) = 0.5, b: -.75/(.5+E) = -1.5.
+    close(adv(b, GRPOConfig(stats="per_step")), [0.25 / (0.5 + E)] * 3 + [-0.75 / (0.5 + E)])
+    # A masked row leaves the pool: a keeps 2 rows -> [1, 1, 0]: mean 2/3, std sqrt(1/3).
+    m = make([0] * 4, [0, 0, 0, 1], [0, 1, 2, 0], [1, 1, 1, 0], mask=[True, False, True, True])
+    s = math.sqrt(1 / 3) + E
+    close(adv(m, GRPOConfig(stats="per_step")), [1 / 3 / s, 0.0, 1 / 3 / s, -2 / 3 / s])
 
 
 def test_grpo_all_equal_and_singleton_give_exact_zero():
@@ -145,7 +164,7 @@ IG_BATCH = make([0] * 5, [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 1, 1, 0, 0],
 def test_igpo_joint_pool():
     # Joint pool [0.2, 0.4, 1, 0, 0]: mean 0.32, devs -.12 .08 .68 -.32 -.32,
     # population var = (.0144+.0064+.4624+.1024+.1024)/5 = .1376.
-    s = math.sqrt(0.1376) + E
+    s = math.sqrt(0.1376 + F)  # IGPO: sqrt(var + 1e-8), no eps
     ra, rb = [-0.12 / s, 0.08 / s, 0.68 / s], [-0.32 / s, -0.32 / s]
     # gamma = 1: A_T = r_T, A_t = r_t + A_{t+1}.
     expected = [ra[0] + ra[1] + ra[2], ra[1] + ra[2], ra[2], rb[0] + rb[1], rb[1]]
@@ -154,9 +173,9 @@ def test_igpo_joint_pool():
 
 def test_igpo_separate_pools_gamma_and_weight():
     # IG pool [0.2, 0.4, 0.0]: mean 0.2, population std sqrt(.08/3) -> z 0, +q, -q.
-    q = 0.2 / (math.sqrt(0.08 / 3) + E)
-    # Outcome pool [1, 0]: z +-0.5/(0.5+E).
-    o = 0.5 / (0.5 + E)
+    q = 0.2 / math.sqrt(0.08 / 3 + F)
+    # Outcome pool [1, 0]: z +-0.5/sqrt(0.25 + F).
+    o = 0.5 / math.sqrt(0.25 + F)
     # ig_weight 0.5 scales the IG z-scores; gamma 0.5 discounts.
     w, g = 0.5, 0.5
     a2 = o
@@ -174,7 +193,7 @@ def test_igpo_masked_and_missing_turns():
     # population var (.04 + .36 + .16) / 3.
     b = make([0] * 5, [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 1, 1, 0, 0],
              mask=[True, False, True, True, True], ig=[0.2, 0.4, 99, NAN, 99])
-    s = math.sqrt(0.56 / 3) + E
+    s = math.sqrt(0.56 / 3 + F)
     res = compute_advantages(b, IGPOConfig())
     close(res.advantages, [-0.2 / s + 0.6 / s, 0, 0.6 / s, 0, -0.4 / s])
     assert res.mask.tolist() == [True, False, True, False, True]
@@ -186,6 +205,25 @@ def test_igpo_all_equal_and_singleton():
     assert np.all(adv(b, IGPOConfig()) == 0.0)
     # Group 1 is one single-turn rollout: pool of one -> 0 (std := 1 leaves x - x = 0).
     assert adv(b, IGPOConfig(normalisation="separate"))[3] == 0.0
+
+
+def test_igpo_variance_floor_on_a_small_spread():
+    # Issue 21 item 5. One group, two single-IG rollouts: IG 0.1 and 0.1001, answers 1 and 0,
+    # separate pools. IG pool [0.1, 0.1001]: mean 0.10005, devs -+5e-5, population var 2.5e-9.
+    #  authors (sqrt(var + 1e-8)): 5e-5 / sqrt(1.25e-8) = 5e-5 / 1.1180e-4 = 0.4472 (the
+    #    issue quotes it truncated, +0.44)
+    #  plain sqrt(var) + 1e-6:    5e-5 / (5e-5 + 1e-6)  = 0.9804
+    # Outcome pool [1, 0]: +-0.5/sqrt(0.25 + 1e-8) = +-0.99999998; gamma 1 adds it to turn 0.
+    b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.1, NAN, 0.1001, NAN])
+    o = 0.5 / math.sqrt(0.25 + F)
+    ours = IGPOConfig(normalisation="separate")
+    ig_z = compute_advantages(b, ours).advantages[[0, 2]] - np.array([o, -o])
+    close(ig_z, [-0.4472136, 0.4472136], rel=1e-6)
+    # The turn of IG 0.1001 gets +0.44 with the floor (default) and +0.98 without it.
+    plain = IGPOConfig(normalisation="separate", var_floor=0.0, eps=1e-6)
+    plain_z = compute_advantages(b, plain).advantages[[0, 2]] - np.array([0.5 / 0.500001] * 2) * [1, -1]
+    close(plain_z, [-5e-5 / (5e-5 + 1e-6), 5e-5 / (5e-5 + 1e-6)], rel=1e-6)
+    assert round(ig_z[1], 2) == 0.45 and round(plain_z[1], 2) == 0.98
 
 
 # ---------------------------------------------------------------- A^2TGPO
@@ -277,8 +315,9 @@ def test_matchtir_missing_reward_masks_rollout():
 
 # ---------------------------------------------------------------- GiGPO
 # a: anchors s0 s1 s2, env 0 0 1 | b: anchors s0 s0 s1 (looped back), env 0 0 0
+GI_ANCHORS = ["s0", "s1", "s2", "s0", "s0", "s1"]
 GI = make([0] * 6, [0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1, 1, 1, 0, 0, 0],
-          anchor=["s0", "s1", "s2", "s0", "s0", "s1"], env=[0, 0, 1, 0, 0, 0])
+          anchor=GI_ANCHORS, env=[0, 0, 1, 0, 0, 0])
 
 
 def test_gigpo_episode_plus_step():
@@ -317,6 +356,36 @@ def test_gigpo_invalid_penalty_and_per_step_stats():
           [0.25 / (0.5 + E)] * 3 + [-0.75 / (0.5 + E)])
     e2 = 0.5 / (math.sqrt(0.5) + E)
     close(adv(c, GiGPOConfig()), [e2] * 3 + [-e2])
+
+
+def test_gigpo_invalid_penalty_on_the_step_row():
+    # Issue 21 item 7. GI with b's turn 1 invalid (penalty .1), mean_norm for plain numbers.
+    b = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome,
+             anchor=["s0", "s1", "s2", "s0", "s0", "s1"],
+             invalid=[False, False, False, False, True, False], env=GI.rewards["env"])
+    # env_reward (default): env b = [0, -.1, 0] -> R_b = [-.095, -.1, 0], episode [1, -.1],
+    # mean .45 -> A_E a +.55, b -.55 on every row. Step pools: s0 {.9025, -.095, -.1} mean
+    # .235833; s1 {.95, 0} mean .475; s2 {a: 1} alone -> 0. The penalty reached b0 (-.095).
+    m0 = (0.9025 - 0.095 - 0.1) / 3
+    close(adv(b, GiGPOConfig(mode="mean_norm")),
+          [0.55 + 0.9025 - m0, 0.55 + 0.475, 0.55,
+           -0.55 + (-0.095 - m0), -0.55 + (-0.1 - m0), -0.55 - 0.475])
+    # step_row (verl-agent): returns stay unpenalised, a = [.9025, .95, 1], b = [0, 0, 0],
+    # episodes [1, 0] mean .5; only b1's row loses .1, from its episode score (-.5 - .1) and
+    # its step return (0 - .1). s0 {.9025, 0, -.1}: mean .2675; s1 {.95, 0}: mean .475.
+    row = GiGPOConfig(mode="mean_norm", invalid_penalty_on="step_row")
+    close(adv(b, row), [0.5 + 0.635, 0.5 + 0.475, 0.5, -0.5 - 0.2675, -0.6 - 0.3675, -0.975])
+    # mean_std_norm, episode level only: the rollouts' stats (returns [1, 0], unbiased std
+    # sqrt(.5)) standardise b1's score 0 - .1: -(.5 + .1) / (sqrt(.5) + E).
+    s = math.sqrt(0.5) + E
+    row_std = GiGPOConfig(step_weight=0.0, invalid_penalty_on="step_row")
+    close(adv(b, row_std), [0.5 / s] * 3 + [-0.5 / s, -0.6 / s, -0.5 / s])
+    # per_step stats put the penalised row into the pool: rows [1, 1, 1, 0, -.1, 0],
+    # mean .48333, unbiased var (3 * .51667^2 + 2 * .48333^2 + .58333^2) / 5.
+    rows = np.array([1, 1, 1, 0, -0.1, 0])
+    sd = rows.std(ddof=1) + E
+    per_step = GiGPOConfig(step_weight=0.0, invalid_penalty_on="step_row", episode_stats="per_step")
+    close(adv(b, per_step), (rows - rows.mean()) / sd)
 
 
 def test_gigpo_equals_grpo_when_no_anchor_repeats():
@@ -394,16 +463,100 @@ def test_hgpo_masked_turn_leaves_pools_keeps_history():
     close(out[[2, 5]], [(k + 2 * o + 3 * o) / 6, (-2 * k - 2 * o - 3 * o) / 6])
 
 
+# ---------------------------------------------------------------- configured sources (item 9)
+# a: turns 0, 1 (PRM .8, .6), outcome 1 | b: turns 0, 1 (PRM .2, .4), outcome 0
+PRM_BATCH = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], prm=[0.8, 0.6, 0.2, 0.4])
+
+
+def test_prm_estimator_process_rewards_with_outcome_at_the_end():
+    # PRM pool (all turns of the group) [.8, .6, .2, .4]: mean .5, devs .3 .1 -.3 -.1,
+    # population var (.09 + .01 + .09 + .01) / 4 = .05 -> z = dev / (sqrt(.05) + E).
+    s = math.sqrt(0.05) + E
+    # Outcome pool [1, 0] on the final turns: +-.5 / (.5 + E).
+    o = 0.5 / (0.5 + E)
+    # gamma 1: A_1 = z_1 + o, A_0 = z_0 + A_1.
+    a1, b1 = 0.1 / s + o, -0.1 / s - o
+    close(adv(PRM_BATCH, PRMEstimatorConfig()), [0.3 / s + a1, a1, -0.3 / s + b1, b1])
+    # Weights: prm .5 and outcome 2 scale their normalised terms.
+    w = compute_advantages(PRM_BATCH, PRMEstimatorConfig(), {"outcome": 2.0, "prm": 0.5})
+    a1, b1 = 0.05 / s + 2 * o, -0.05 / s - 2 * o
+    close(w.advantages, [0.15 / s + a1, a1, -0.15 / s + b1, b1])
+    # A missing PRM on a non-final turn masks that turn; a final turn keeps its outcome.
+    m = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], prm=[NAN, NAN, 0.2, 0.4])
+    res = compute_advantages(m, PRMEstimatorConfig())
+    # PRM pool [.2, .4]: +-.1/(.1 + E); a: turn 0 masked, turn 1 = o; b: -o + .1/(.1+E) ...
+    q = 0.1 / (0.1 + E)
+    close(res.advantages, [0.0, o, -q + q - o, q - o])
+    assert res.mask.tolist() == [False, True, True, True]
+
+
+def test_igpo_adds_configured_prm_normalised_in_its_own_pool():
+    # a: IG .2 then answer (outcome 1); b: IG 0 then answer (outcome 0); PRM on every turn.
+    b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.2, NAN, 0.0, NAN],
+             prm=[0.9, 0.5, 0.1, 0.5])
+    # Joint IG/outcome pool [.2, 1, 0, 0]: mean .3, devs -.1 .7 -.3 -.3, population var .17.
+    s = math.sqrt(0.17 + F)
+    # PRM pool [.9, .5, .1, .5]: mean .5, devs .4 0 -.4 0, population var .08, weight .5.
+    p = math.sqrt(0.08 + F)
+    ra = [-0.1 / s + 0.5 * 0.4 / p, 0.7 / s]
+    rb = [-0.3 / s - 0.5 * 0.4 / p, -0.3 / s]
+    expected = [ra[0] + ra[1], ra[1], rb[0] + rb[1], rb[1]]
+    run = {"outcome": 1.0, "prm": 0.5}
+    close(compute_advantages(b, IGPOConfig(), run).advantages, expected)
+    # Without the run's weights IGPO reads IG and the outcome only, as before.
+    close(adv(b, IGPOConfig()), [-0.1 / s + 0.7 / s, 0.7 / s, -0.6 / s, -0.3 / s])
+    # The rewards weight of IG multiplies its normalised value, with ig_weight.
+    half = compute_advantages(b, IGPOConfig(ig_weight=0.5), {"ig": 0.5}).advantages
+    close(half, [-0.025 / s + 0.7 / s, 0.7 / s, -0.075 / s - 0.3 / s, -0.3 / s])
+
+
+def test_sum_first_estimators_add_weighted_raw_turn_sources():
+    # MatchTIR with match weighted 2 and a PRM configured equals MatchTIR on the raw turn
+    # reward 2 * match + prm (outcome + prm on the final turn): the sources are summed raw.
+    prm = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    mt = make(MT.group_id, MT.rollout_id, MT.turn_index, MT.outcome,
+              match=MT.rewards["match"], prm=prm)
+    final = np.array([False, False, True, False, True, False, True])
+    merged = np.where(final, MT.outcome, 2 * MT.rewards["match"]) + prm
+    flat = make(MT.group_id, MT.rollout_id, MT.turn_index, MT.outcome, match=merged)
+    close(compute_advantages(mt, MatchTIRConfig(), {"match": 2.0, "prm": 1.0}).advantages,
+          adv(flat, MatchTIRConfig(final_turn_reward="match")), rel=1e-12)
+    # GiGPO: env weighted .5 plus a PRM equals GiGPO on env' = .5 env + prm.
+    gp = np.array([0.3, 0.1, 0.0, 0.2, 0.2, 0.5])
+    gi = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome, anchor=GI_ANCHORS,
+              env=GI.rewards["env"], prm=gp)
+    plain = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome, anchor=GI_ANCHORS,
+                 env=0.5 * GI.rewards["env"] + gp)
+    close(compute_advantages(gi, GiGPOConfig(), {"env": 0.5, "prm": 1.0}).advantages,
+          adv(plain, GiGPOConfig()), rel=1e-12)
+
+
+def test_outcome_estimators_read_only_the_outcome_weighted():
+    # GRPO and RLOO read no turn source: a configured PRM is not theirs to read (the run
+    # fails at start, cluster/requirements.py); the outcome weight scales the advantage.
+    assert read_sources(GRPOConfig(), {"outcome": 1.0, "prm": 1.0}) == {"outcome"}
+    assert read_sources(IGPOConfig(), {"outcome": 1.0, "prm": 1.0}) == {"outcome", "ig", "prm"}
+    assert read_sources(GiGPOConfig(), {"outcome": 1.0, "match": 1.0}) == {"env", "match"}
+    close(compute_advantages(FOUR, GRPOConfig(), {"outcome": 2.0}).advantages,
+          2 * adv(FOUR, GRPOConfig()))
+    close(compute_advantages(FOUR, RLOOConfig(), {"outcome": 2.0}).advantages,
+          2 * adv(FOUR, RLOOConfig()))
+    # A configured source the batch lacks is named.
+    with pytest.raises(ValueError, match="prm"):
+        compute_advantages(IG_BATCH, IGPOConfig(), {"prm": 1.0})
+
+
 # ---------------------------------------------------------------- wiring and configs
 def test_registry_required_fields_and_missing_field_errors():
     configs = [GRPOConfig(), RLOOConfig(), IGPOConfig(), A2TGPOConfig(), MatchTIRConfig(),
-               GiGPOConfig(), HGPOConfig()]
+               PRMEstimatorConfig(), GiGPOConfig(), HGPOConfig()]
     assert sorted(ESTIMATORS) == sorted(c.type for c in configs)
     assert required_fields(GRPOConfig()) == {"outcome"}
     assert required_fields(IGPOConfig()) == {"outcome", "ig"}
     assert required_fields(MatchTIRConfig()) == {"match", "outcome"}
     assert required_fields(GiGPOConfig()) == {"env", "anchor"}
     assert required_fields(HGPOConfig()) == {"env", "anchor"}
+    assert required_fields(PRMEstimatorConfig()) == {"outcome", "prm"}
     with pytest.raises(ValueError, match="anchor"):
         compute_advantages(make([0], [0], [0], [1], env=[1]), GiGPOConfig())
     with pytest.raises(ValueError, match="ig"):
@@ -415,7 +568,7 @@ def test_every_estimator_gives_exact_zeros_on_all_equal_rewards():
     # estimator must return exactly 0.0 (the documented all-equal result), never NaN.
     n = 6
     b = make([0] * n, [0, 0, 1, 1, 2, 2], [0, 1] * 3, [0.5] * n, anchor=["s0", "s1"] * 3,
-             ig=[0.5] * n, match=[0.5] * n, env=[0.5] * n)
+             ig=[0.5] * n, match=[0.5] * n, env=[0.5] * n, prm=[0.5] * n)
     for name in ESTIMATORS:
         res = compute_advantages(b, TypeAdapter(EstimatorConfig).validate_python({"type": name}))
         assert np.all(res.advantages == 0.0), name
@@ -423,7 +576,7 @@ def test_every_estimator_gives_exact_zeros_on_all_equal_rewards():
 
 def test_empty_batch_gives_empty_result():
     e = np.zeros(0)
-    b = make(e, e, e, e, anchor=[], ig=e, env=e, match=e)
+    b = make(e, e, e, e, anchor=[], ig=e, env=e, match=e, prm=e)
     for name in ESTIMATORS:
         cfg = TypeAdapter(EstimatorConfig).validate_python({"type": name})
         assert compute_advantages(b, cfg).advantages.shape == (0,)

@@ -77,3 +77,51 @@ def test_micro_batches_of_any_count_give_the_one_batch_update(tiny_policy, tmp_p
 
     start = load_file(f"{policy}/model.safetensors")
     assert any(not torch.allclose(before[k], start[k]) for k in start if k in before)
+
+
+def _worker(policy: str, tmp_path, **learner):
+    from learner.worker import LearnerWorker
+
+    cfg = LearnerConfig(batch_groups=2, micro_batch_size=3, zero_stage=1, **learner)
+    return LearnerWorker(cfg, policy, str(tmp_path), ports=None, group_size=2, temperature=1.0)
+
+
+def test_second_mini_batch_sees_a_moved_policy_and_clips(tiny_policy, tmp_path) -> None:
+    # Issue 21 item 10. 4 rows (no window) in 2 mini-batches of 2 rows: two optimizer steps
+    # against old log-probs computed once before the first. Step 1 runs on the weights that
+    # computed them, so its ratio is 1 on every token (min = max = 1, nothing clipped); step 2
+    # runs after an Adam step of lr 5e-2, so its ratios differ from 1, and with clip epsilons
+    # of 1e-3 some tokens leave [0.999, 1.001] and are clipped.
+    worker = _worker(tiny_policy[0], tmp_path, lr=5e-2, mini_batches=2,
+                     loss={"type": "ppo", "clip_low": 1e-3, "clip_high": 1e-3})
+    metrics = worker._update(_trajectories(None))
+    first, second = worker.update_metrics
+    assert metrics["loss/updates"] == 2.0
+    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-6)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert first["clip_frac"] == 0.0
+    assert abs(second["ratio_max"] - 1.0) > 1e-3 or abs(second["ratio_min"] - 1.0) > 1e-3
+    assert second["clip_frac"] > 0.0
+    # the batch's metrics report the clip fraction (mean over the 2 steps) and ratio extremes
+    assert metrics["loss/clip_frac"] == pytest.approx(second["clip_frac"] / 2)
+    assert metrics["loss/ratio_max"] == max(first["ratio_max"], second["ratio_max"])
+    # behaviour-policy TIS stays on: old log-probs are the learner's, the behaviour's -1.0
+    assert 0.0 < metrics["loss/tis_mean"] <= 2.0
+
+
+def test_epochs_reuse_the_old_logprobs(tiny_policy, tmp_path) -> None:
+    # 2 epochs x 1 mini-batch: epoch 1's ratio is 1 (the old log-probs, computed with no grad
+    # in eval mode, equal the training forward's), epoch 2's is not (the weights moved).
+    worker = _worker(tiny_policy[0], tmp_path, lr=5e-2, ppo_epochs=2)
+    metrics = worker._update(_trajectories(None))
+    first, second = worker.update_metrics
+    assert metrics["loss/updates"] == 2.0
+    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-6)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert abs(second["ratio_max"] - 1.0) > 1e-3 or abs(second["ratio_min"] - 1.0) > 1e-3
+    # the default (1 epoch, 1 mini-batch) is one on-policy step: ratio exactly 1
+    one = _worker(tiny_policy[0], tmp_path / "one", lr=5e-2)
+    out = one._update(_trajectories(None))
+    assert out["loss/updates"] == 1.0 and out["loss/ratio_min"] == out["loss/ratio_max"] == 1.0
+    with pytest.raises(ValueError, match=r"learner\.mini_batches=5 exceeds the batch's 4 rows"):
+        _worker(tiny_policy[0], tmp_path / "many", mini_batches=5)._update(_trajectories(None))

@@ -52,6 +52,9 @@ def test_ppo_token_tis_hand_case():
     assert metrics["tis_mean"] == pytest.approx((1 + math.exp(0.2) + 2) / 3)
     assert metrics["tis_capped_frac"] == pytest.approx(1 / 3)
     assert metrics["ratio_mean"] == pytest.approx((math.exp(0.5) + math.exp(-0.5) + 1) / 3)
+    # extremes over the action tokens only (the NaN padding is not a token)
+    assert metrics["ratio_min"] == pytest.approx(math.exp(-0.5))
+    assert metrics["ratio_max"] == pytest.approx(math.exp(0.5))
     loss.backward()
     # Tokens 0 and 1 are clipped (no gradient); token 2: d(-w r A / 3)/dlp = -2 * 2 / 3.
     # The NaN padding gets exactly 0.

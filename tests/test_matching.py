@@ -75,13 +75,25 @@ def test_match_turn_rewards_hard_modes() -> None:
 
 
 def test_greedy_tie_break_and_unmatched_penalty() -> None:
-    # Two identical calls, one gold: both score 1. The authors' sort (s, i, j) descending
-    # matches the larger pred index first, so p1 gets 1 and p0 is unmatched (-0.5).
-    # The turn holds both calls: mean (-0.5 + 1) / 2 = 0.25.
+    # Two identical calls, one gold: both score 1. The authors' stable sort on the score alone
+    # keeps the prediction-major listing order among ties, so p0 (the lowest prediction index)
+    # takes the gold: [1, 0] with no penalty. (Sorting on (s, i, j) descending gave [0, 1].)
     g = tc("f", a=1)
-    assert call_rewards([g, g], [g], mode="greedy", unmatched_penalty=-0.5) == [-0.5, 1.0]
+    assert call_rewards([g, g], [g], mode="greedy") == [1.0, 0.0]
+    # With a penalty the unmatched p1 scores -0.5; the turn holds both calls: (1 - 0.5) / 2.
+    assert call_rewards([g, g], [g], mode="greedy", unmatched_penalty=-0.5) == [1.0, -0.5]
     out = match_turn_rewards([[g, g]], [g], mode="greedy", answer_f1=None, unmatched_penalty=-0.5)
     assert out == pytest.approx([0.25])
+
+
+def test_greedy_tie_break_lowest_gold_index_next() -> None:
+    # One prediction, two identical golds: both pairs score 1; the lowest gold index (0) wins,
+    # so gold 1 stays free for a second prediction. preds [g, g] x golds [g, g]: p0-g0, p1-g1
+    # (all four pairs tie at 1; listing order p0g0, p0g1, p1g0, p1g1).
+    g = tc("f", a=1)
+    assert greedy_assignment(np.ones((1, 2))) == [0]
+    assert greedy_assignment(np.ones((2, 2))) == [0, 1]
+    assert call_rewards([g, g], [g, g], mode="greedy") == [1.0, 1.0]
 
 
 def test_zero_similarity_is_unmatched_and_no_call_turn() -> None:

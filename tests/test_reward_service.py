@@ -113,11 +113,13 @@ def test_outcome_match_ig_each_in_its_own_slot(policy) -> None:
         assert ig == pytest.approx(direct_ig(policy, traj), abs=1e-5)
         assert "ig" not in traj.turns[-1].rewards  # the answer turn gets the outcome instead
         assert all(t.reward_versions["ig"] == 0 for t in traj.turns[:-1])
-        assert traj.metadata["reward_weights"] == {"outcome": 1.0, "ig": 0.5, "match": 1.0, "env": 1.0}
+        # the sources configured for training (env is always scored, but only trained on
+        # where an estimator reads it or rewards.weights names it)
+        assert traj.metadata["reward_weights"] == {"outcome": 1.0, "ig": 0.5, "match": 1.0}
         assert "reward_errors" not in traj.metadata
     # env stays what the environment said (0 per search, 1 for the correct answer)
     assert [t.rewards["env"] for t in good.turns] == [0.0] * n_gold + [1.0]
-    turn0 = wrong.turns[0].rewards  # weighted sum: 1*env + 0.5*ig + 1*match
+    turn0 = wrong.turns[0].rewards  # weighted sum: 1*env (no weight: 1) + 0.5*ig + 1*match
     assert combined_turn_reward(turn0, wrong.metadata["reward_weights"]) == pytest.approx(
         turn0["env"] + 0.5 * turn0["ig"] + turn0["match"])
     stats = service.stats()

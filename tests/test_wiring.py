@@ -123,6 +123,46 @@ def test_match_rewards_fail_when_task_files_have_no_gold_calls(tmp_path: Path) -
     check_requirements(ok, make_task_source(ok.env))
 
 
+# -- every configured reward source counts (issue 21 item 9) ---------------------------------
+_PRM = "rewards.prm={type: model, path: runs/prm}"
+
+
+def test_a_source_the_estimator_ignores_fails_at_start_naming_it() -> None:
+    # GRPO reads the outcome only: a PRM would score every turn and be thrown away.
+    with pytest.raises(ValueError, match=r"grpo'? does not read rewards\.prm"):
+        check_requirements(_config("search_qa", "grpo", _PRM), _source("search_qa"))
+    # IG under RLOO, and env named in rewards.weights under GRPO, too.
+    with pytest.raises(ValueError, match=r"does not read rewards\.ig, rewards\.weights\.env"):
+        check_requirements(_config("search_qa", "rloo", "rewards.ig={}", "rewards.weights={env: 0.5}"),
+                           _source("search_qa"))
+    # HGPO never reads the outcome: an outcome weight set on purpose is named.
+    with pytest.raises(ValueError, match=r"hgpo'? does not read rewards\.outcome"):
+        check_requirements(_config("household", "hgpo", "rewards.outcome.weight=2"), _source("household"))
+
+
+def test_ignored_source_warns_when_opted_in_or_weighted_zero() -> None:
+    cfg = _config("search_qa", "grpo", _PRM, "rewards.unread=warn")
+    with pytest.warns(UserWarning, match=r"does not read rewards\.prm"):
+        check_requirements(cfg, _source("search_qa"))
+    # weight 0: scored for monitoring, deliberately not trained on
+    check_requirements(_config("search_qa", "grpo", _PRM, "rewards.weights={prm: 0}"), _source("search_qa"))
+
+
+@pytest.mark.parametrize("env,estimator,extra", [
+    ("search_qa", "prm", [_PRM]),
+    ("search_qa", "igpo", ["rewards.ig={}", _PRM]),
+    ("household", "gigpo", [_PRM]),
+    ("tool_use", "matchtir", ["rewards.match={}", _PRM]),
+])
+def test_turn_estimators_read_every_configured_source(env: str, estimator: str, extra: list[str]) -> None:
+    check_requirements(_config(env, estimator, *extra), _source(env))
+
+
+def test_prm_estimator_needs_a_prm() -> None:
+    with pytest.raises(ValueError, match=r"prm'? needs \['prm'\]"):
+        check_requirements(_config("search_qa", "prm"), _source("search_qa"))
+
+
 # -- the runs the learning bench makes start --------------------------------------------------
 @pytest.mark.parametrize("env,estimator,extra", [
     ("search_qa", "grpo", []),

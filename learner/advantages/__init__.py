@@ -1,8 +1,8 @@
 """Turn-level advantage estimators: pure functions over a flat batch of turns.
 
 Owns the turn batch (``batch``), the estimator configs (``config``, pydantic only), the
-estimators (``outcome``: grpo, rloo; ``ig``: igpo, a2tgpo; ``matchtir``; ``anchors``: gigpo,
-hgpo), the registry (``registry``) and the checking tool (``tool``). No Ray, Redis or I/O
+estimators (``outcome``: grpo, rloo; ``ig``: igpo, a2tgpo, prm; ``matchtir``; ``anchors``:
+gigpo, hgpo), how configured reward sources combine (``sources``), the registry (``registry``) and the checking tool (``tool``). No Ray, Redis or I/O
 outside ``tool``. May import numpy and rollout/ (the trajectory schema).
 
 Names are exported lazily so that ``import learner.advantages.config`` (done by every
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ESTIMATORS,
         compute_advantages,
         missing_fields,
+        read_sources,
         required_fields,
     )
 
@@ -39,6 +40,7 @@ _EXPORTS = {
     "ESTIMATORS": "learner.advantages.registry",
     "compute_advantages": "learner.advantages.registry",
     "missing_fields": "learner.advantages.registry",
+    "read_sources": "learner.advantages.registry",
     "required_fields": "learner.advantages.registry",
 }
 __all__ = sorted(_EXPORTS)

@@ -3,9 +3,10 @@
 Both discount environment rewards into step returns ``R_t = r_t + gamma * R_{t+1}`` (an
 invalid action costs ``invalid_penalty``) and compare a step with the steps of its group
 that were taken in the same anchor observation (GiGPO), or with the same last k anchor
-observations (HGPO). Returns of raw rewards are undefined when one is missing, so a rollout
-with any missing env reward is masked as a whole; a turn masked by the batch still counts
-in its rollout's returns (and in the anchor history) but enters no pool and gets 0.
+observations (HGPO). The env reward is weighted and extra turn sources add their weighted
+raw values to it (sum-first, ``sources.py``); the penalty is never weighted. Returns of raw
+rewards are undefined when one is missing, so a rollout with any missing env reward is
+masked as a whole; a turn masked by the batch still counts in its rollout's returns (and in the anchor history) but enters no pool and gets 0.
 """
 
 from __future__ import annotations
@@ -14,47 +15,80 @@ import numpy as np
 
 from learner.advantages.batch import AdvantageResult, TurnBatch
 from learner.advantages.config import GiGPOConfig, HGPOConfig
-from learner.advantages.pools import Rollouts, discounted_sum, pool_codes, rollouts, zscore
+from learner.advantages.pools import (
+    Rollouts,
+    discounted_sum,
+    pool_codes,
+    pool_stats,
+    rollouts,
+    zscore,
+)
+from learner.advantages.sources import SourceWeights, extra_raw
 
 
-def _env_rewards(batch: TurnBatch, ro: Rollouts, penalty: float) -> tuple[np.ndarray, np.ndarray]:
-    """(penalised env reward, 0 where missing ``[N]``; rollout complete ``[R]``)."""
+def _env_rewards(batch: TurnBatch, ro: Rollouts, penalty: float,
+                 sw: SourceWeights) -> tuple[np.ndarray, np.ndarray]:
+    """(weighted, penalised env reward plus the weighted extra turn sources, 0 where missing
+    ``[N]``; rollout complete ``[R]``)."""
     env = batch.rewards["env"]
     finite = np.isfinite(env)
-    r = np.where(finite, env, 0.0)
+    r = sw.w("env") * np.where(finite, env, 0.0) + extra_raw(batch, sw)
     if batch.invalid is not None:
         r = r - penalty * batch.invalid
     return r, ro.all_rows(finite)
 
 
-def gigpo(batch: TurnBatch, cfg: GiGPOConfig) -> AdvantageResult:
+def gigpo(batch: TurnBatch, cfg: GiGPOConfig, sw: SourceWeights = SourceWeights()) -> AdvantageResult:
     """``A = A_E + w * A_S``.
 
     ``A_E``: z-score of the episode return (sum of penalised env rewards, or the outcome)
     within the group, over rollouts (``per_rollout``) or over steps (``per_step``).
     ``A_S``: z-score of ``R_t`` within the group's usable steps sharing the anchor hash; an
-    anchor seen once gives 0.
+    anchor seen once gives 0. With ``invalid_penalty_on="step_row"`` the penalty is taken
+    off the invalid row's episode score and step return only (see ``_row_penalised``).
     """
     ro = rollouts(batch)
-    r, complete = _env_rewards(batch, ro, cfg.invalid_penalty)
+    on_row = cfg.invalid_penalty_on == "step_row"
+    r, complete = _env_rewards(batch, ro, 0.0 if on_row else cfg.invalid_penalty, sw)
     if cfg.episode_return == "outcome":
-        ret = batch.outcome[ro.last_row]
+        ret = sw.w("outcome") * batch.outcome[ro.last_row]
         complete = complete & np.isfinite(ret)
     else:
         ret = ro.total(r)
     ok = batch.mask & complete[ro.inverse]
     scale = cfg.mode == "mean_std_norm"
+    step_return = discounted_sum(r, ro, cfg.gamma)
+    row_pen = np.zeros(len(batch))
+    if on_row and batch.invalid is not None:
+        row_pen = cfg.invalid_penalty * batch.invalid
     if cfg.episode_stats == "per_rollout":
         a_e = zscore(ret, ro.group, complete & ro.any_row(ok), scale=scale, std=cfg.std,
                      eps=cfg.eps, singleton=cfg.singleton)[ro.inverse]
+        a_e = a_e - _row_penalised(ret, ro, complete & ro.any_row(ok), row_pen, scale, cfg)
     else:
-        a_e = zscore(ret[ro.inverse], batch.group_id, ok, scale=scale, std=cfg.std,
+        a_e = zscore(ret[ro.inverse] - row_pen, batch.group_id, ok, scale=scale, std=cfg.std,
                      eps=cfg.eps, singleton=cfg.singleton)
-    step_return = discounted_sum(r, ro, cfg.gamma)
-    a_s = zscore(step_return, pool_codes(batch.group_id, batch.anchor), ok, scale=scale,
-                 std=cfg.std, eps=cfg.eps, singleton="zero")
+    a_s = zscore(step_return - row_pen, pool_codes(batch.group_id, batch.anchor), ok,
+                 scale=scale, std=cfg.std, eps=cfg.eps, singleton="zero")
     adv = a_e + cfg.step_weight * a_s
     return AdvantageResult(advantages=np.where(ok, adv, 0.0), mask=ok)
+
+
+def _row_penalised(ret: np.ndarray, ro: Rollouts, roll_ok: np.ndarray, row_pen: np.ndarray,
+                   scale: bool, cfg: GiGPOConfig) -> np.ndarray:
+    """``[N]`` what a row's own penalty takes off its episode advantage when statistics are
+    over rollouts: the pool's statistics stay those of the rollouts' returns, and the row's
+    score ``ret - p`` is standardised with them, so the row loses ``p / (std + eps)`` (``p``
+    under mean_norm). A pool with no spread (one rollout, or equal returns) has no scale to
+    divide by: there the row loses ``p`` itself, as with verl's std := 1 for singletons."""
+    if not row_pen.any():
+        return row_pen
+    sd = np.ones(len(ret))
+    if scale and roll_ok.any():
+        idx = np.flatnonzero(roll_ok)
+        stats = pool_stats(ret[idx], ro.group[idx], std=cfg.std)
+        sd[idx] = np.where(stats.constant, 1.0, stats.sd + cfg.eps)
+    return row_pen / sd[ro.inverse]
 
 
 def _history_pools(batch: TurnBatch, ro: Rollouts, k: int) -> np.ndarray:
@@ -78,7 +112,7 @@ def _history_pools(batch: TurnBatch, ro: Rollouts, k: int) -> np.ndarray:
     return codes
 
 
-def hgpo(batch: TurnBatch, cfg: HGPOConfig) -> AdvantageResult:
+def hgpo(batch: TurnBatch, cfg: HGPOConfig, sw: SourceWeights = SourceWeights()) -> AdvantageResult:
     """Weighted average over levels k = 1..K+1 of the z-scored step return.
 
     At level k the steps of a group whose last k anchor observations are identical form a
@@ -87,7 +121,7 @@ def hgpo(batch: TurnBatch, cfg: HGPOConfig) -> AdvantageResult:
     over the levels used; a step with none gets 0.
     """
     ro = rollouts(batch)
-    r, complete = _env_rewards(batch, ro, cfg.invalid_penalty)
+    r, complete = _env_rewards(batch, ro, cfg.invalid_penalty, sw)
     ok = batch.mask & complete[ro.inverse]
     step_return = discounted_sum(r, ro, cfg.gamma)
     scale = cfg.mode == "mean_std_norm"

@@ -2,8 +2,8 @@
 
 Imports only pydantic (the driver and CLI import configs; they must not pay for numpy/torch).
 Defaults follow each method's paper; where the paper is silent they follow the authors'
-code, and the other convention is an option. See docs/advantages.md for the derivations
-and /work/shared/reference/algorithms.md for the semantics matched.
+code, and the other convention is an option. docs/advantages.md states the semantics, the
+authors' variants, and cites the papers and the authors' public repositories.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ class GRPOConfig(_EstimatorConfig):
     singleton: Singleton = "zero"
     """A group with one usable rollout: ``zero`` (the z-score's numerator is 0) or ``raw``
     (verl: mean 0, std 1, so the outcome itself)."""
+    stats: Literal["per_rollout", "per_step"] = "per_rollout"
+    """Group statistics over the group's rollouts, one value each (so a long rollout does
+    not weigh more in the baseline), or over its step rows, each carrying its rollout's
+    outcome: verl-agent's multi-turn GRPO, which weights long rollouts more. ``per_step``
+    reproduces verl-agent runs; ``singleton`` then applies to a group of one row."""
 
 
 class RLOOConfig(_EstimatorConfig):
@@ -64,8 +69,13 @@ class IGPOConfig(_EstimatorConfig):
     destabilise training; 1.0 matches the paper."""
     std: StdKind = "population"
     """Std estimator of the pools (population in the authors' code)."""
-    eps: float = Field(1e-6, ge=0.0)
-    """Added to the std before dividing."""
+    var_floor: float = Field(1e-8, ge=0.0)
+    """Added to each pool's variance before the square root: ``std = sqrt(var + var_floor)``,
+    the authors' corrected release (1e-8). It matters when a pool's spread is small: IG values
+    0.1 and 0.1001 z-score to +-0.45 with it and +-0.98 without. 0 gives ``sqrt(var)``."""
+    eps: float = Field(0.0, ge=0.0)
+    """Added to the std before dividing (0: the authors' code adds nothing; with
+    ``var_floor`` 0 set it above 0, e.g. 1e-6)."""
     singleton: Singleton = "zero"
     """A pool of one reward: ``zero`` (the authors' std := 1 leaves x - mean = 0) or ``raw``."""
 
@@ -121,6 +131,25 @@ class MatchTIRConfig(_EstimatorConfig):
     trajectory sum, un-normalised there)."""
 
 
+class PRMEstimatorConfig(_EstimatorConfig):
+    """Process rewards as turn rewards with the outcome at the end, critic-free: each PRM
+    score z-scored among all turns of its group, the outcome among the group's rollouts and
+    placed on the final turn, then ``A_t = r~_t + gamma * A_{t+1}`` (DeepSeekMath's process
+    supervision GRPO, on the per-turn PRM rewards of Lightman et al. / Gao et al.)."""
+
+    type: Literal["prm"] = "prm"
+    """Registry key."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount of the backward accumulation (1: each turn gets the sum of what follows)."""
+    std: StdKind = "population"
+    """Std estimator of the pools."""
+    eps: float = Field(1e-6, ge=0.0)
+    """Added to the std before dividing."""
+    singleton: Singleton = "zero"
+    """A pool of one value (a lone rollout, or one scored turn in a group): ``zero`` or
+    ``raw``."""
+
+
 class GiGPOConfig(_EstimatorConfig):
     """GiGPO: ``A = A_E + step_weight * A_S``; episode level over the group, step level over
     the group's steps sharing an anchor observation."""
@@ -135,8 +164,14 @@ class GiGPOConfig(_EstimatorConfig):
     gamma: float = Field(0.95, ge=0.0, le=1.0)
     """Discount of the step return ``R_t = r_t + gamma * R_{t+1}`` on env rewards."""
     invalid_penalty: float = Field(0.1, ge=0.0)
-    """Subtracted from a turn's env reward when its action was invalid (set 0 if the
-    environment already charges it)."""
+    """Charged for a turn whose action was invalid (set 0 if the environment already charges
+    it); where it is charged is ``invalid_penalty_on``."""
+    invalid_penalty_on: Literal["env_reward", "step_row"] = "env_reward"
+    """``env_reward`` (default): subtracted from the turn's env reward before returns are
+    computed, so, like any reward, it lowers the rollout's episode return (on every row) and
+    is discounted into the returns of earlier steps, which led to the invalid action.
+    ``step_row`` (verl-agent): subtracted only from the invalid step's own row, from its
+    episode score and from its already-discounted return; other rows never see it."""
     episode_return: Literal["env_sum", "outcome"] = "env_sum"
     """Episode return: the undiscounted sum of env rewards, or the outcome reward."""
     episode_stats: Literal["per_rollout", "per_step"] = "per_rollout"
@@ -176,14 +211,14 @@ class HGPOConfig(_EstimatorConfig):
 
 
 EstimatorConfig = Annotated[
-    Union[GRPOConfig, RLOOConfig, IGPOConfig, A2TGPOConfig, MatchTIRConfig, GiGPOConfig,
-          HGPOConfig],
+    Union[GRPOConfig, RLOOConfig, IGPOConfig, A2TGPOConfig, MatchTIRConfig, PRMEstimatorConfig,
+          GiGPOConfig, HGPOConfig],
     Field(discriminator="type"),
 ]
 
 ESTIMATOR_CONFIGS: dict[str, type[BaseModel]] = {
     cls.model_fields["type"].default: cls
     for cls in (GRPOConfig, RLOOConfig, IGPOConfig, A2TGPOConfig, MatchTIRConfig,
-                GiGPOConfig, HGPOConfig)
+                PRMEstimatorConfig, GiGPOConfig, HGPOConfig)
 }
 """Config class per estimator name, for tools that build a config from a name."""

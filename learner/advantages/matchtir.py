@@ -7,7 +7,8 @@ the turn's advantage is ``(A_traj + A_turn) / 2``.
 
 Sums of raw rewards are undefined when one is missing, so a rollout with any missing turn
 reward is masked as a whole. A turn masked by the batch (finite reward) still counts in its
-rollout's sums but enters no pool and gets 0.
+rollout's sums but enters no pool and gets 0. Weights multiply the raw rewards (``match``,
+the outcome) and extra turn sources add their weighted raw values to ``r_t`` (sum-first).
 """
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ import numpy as np
 from learner.advantages.batch import AdvantageResult, TurnBatch
 from learner.advantages.config import MatchTIRConfig
 from learner.advantages.pools import discounted_sum, pool_codes, rollouts, zscore
+from learner.advantages.sources import SourceWeights, extra_raw
 
 
-def matchtir(batch: TurnBatch, cfg: MatchTIRConfig) -> AdvantageResult:
+def matchtir(batch: TurnBatch, cfg: MatchTIRConfig, sw: SourceWeights = SourceWeights()) -> AdvantageResult:
     """Dual-level MatchTIR advantages (see module docstring)."""
     ro = rollouts(batch)
-    match = batch.rewards["match"]
-    value = np.where(ro.is_final, batch.outcome, match) if cfg.final_turn_reward == "outcome" \
-        else match
+    match = sw.w("match") * batch.rewards["match"]
+    value = np.where(ro.is_final, sw.w("outcome") * batch.outcome, match) \
+        if cfg.final_turn_reward == "outcome" else match
     finite = np.isfinite(value)
     complete = ro.all_rows(finite)
     ok = batch.mask & complete[ro.inverse]
-    v = np.where(finite, value, 0.0)
+    v = np.where(finite, value, 0.0) + extra_raw(batch, sw)
 
     roll_ok = complete & ro.any_row(ok)
     a_traj = zscore(ro.total(v), ro.group, roll_ok, scale=cfg.scale_traj_by_std,

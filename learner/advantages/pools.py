@@ -36,8 +36,10 @@ def zscore(
     std: StdKind = "population",
     eps: float = 1e-6,
     singleton: Singleton = "zero",
+    var_floor: float = 0.0,
 ) -> np.ndarray:
-    """``(x - mean_pool) / (std_pool + eps)`` per row, over the rows where ``valid``.
+    """``(x - mean_pool) / (sqrt(var_pool + var_floor) + eps)`` per row, over the rows where
+    ``valid``.
 
     Args:
         values: ``[N]`` float values (may be NaN where ``valid`` is False).
@@ -47,6 +49,8 @@ def zscore(
         std: ``population`` (ddof 0) or ``unbiased`` (ddof 1, ``torch.std``'s default).
         singleton: a pool of one row gets ``0.0`` (``zero``: the formula's numerator is 0)
             or its raw value over ``1 + eps`` (``raw``: verl-style code sets mean 0, std 1).
+        var_floor: added to the variance under the square root (IGPO's corrected release:
+            ``sqrt(var + 1e-8)``); it bounds how far a pool with a tiny spread is stretched.
 
     Returns:
         ``[N]`` float64, 0.0 where not ``valid``. A pool whose values are all equal gives
@@ -57,28 +61,48 @@ def zscore(
     if idx.size == 0:
         return out
     x = np.asarray(values, dtype=np.float64)[idx]
-    _, inv = np.unique(np.asarray(pools)[idx], return_inverse=True)
+    stats = pool_stats(x, np.asarray(pools)[idx], std=std if scale else None,
+                       var_floor=var_floor)
+    dev = x - stats.mean
+    z = dev / (stats.sd + eps) if scale else dev
+    z = np.where(stats.constant, 0.0, z)
+    if singleton == "raw":
+        z = np.where(stats.n == 1, x / (1.0 + eps) if scale else x, z)
+    out[idx] = z
+    return out
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Statistics of each row's pool, repeated per row (shapes ``[M]``)."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+    """``sqrt(var + var_floor)``; 0 when not asked for."""
+    n: np.ndarray
+    constant: np.ndarray
+    """bool, every value of the pool is equal."""
+
+
+def pool_stats(x: np.ndarray, pools: np.ndarray, *, std: StdKind | None = "population",
+               var_floor: float = 0.0) -> PoolStats:
+    """Mean, std (``None``: skip it), size and constancy of each row's pool, per row."""
+    _, inv = np.unique(pools, return_inverse=True)
     inv = inv.reshape(-1)
-    k = int(inv.max()) + 1
+    k = int(inv.max()) + 1 if len(inv) else 0
     n = np.bincount(inv, minlength=k).astype(np.float64)
-    mean = np.bincount(inv, weights=x, minlength=k) / n
-    dev = x - mean[inv]
-    z = dev
-    if scale:
+    mean = np.bincount(inv, weights=x, minlength=k) / np.maximum(n, 1.0)
+    sd = np.zeros(k)
+    if std is not None:
+        dev = x - mean[inv]
         ddof = 1.0 if std == "unbiased" else 0.0
         ss = np.bincount(inv, weights=dev * dev, minlength=k)
-        sd = np.sqrt(ss / np.maximum(n - ddof, 1.0))
-        z = dev / (sd[inv] + eps)
+        sd = np.sqrt(ss / np.maximum(n - ddof, 1.0) + var_floor)
     lo = np.full(k, np.inf)
     hi = np.full(k, -np.inf)
     np.minimum.at(lo, inv, x)
     np.maximum.at(hi, inv, x)
-    z = np.where((lo == hi)[inv], 0.0, z)
-    single = n[inv] == 1
-    if singleton == "raw":
-        z = np.where(single, x / (1.0 + eps) if scale else x, z)
-    out[idx] = z
-    return out
+    return PoolStats(mean=mean[inv], sd=sd[inv], n=n[inv], constant=(lo == hi)[inv])
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,8 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 
 def ppo_loss(inputs: LossInputs, cfg: PPOLossConfig) -> tuple[Tensor, dict[str, float]]:
-    """PPO-clip loss and metrics (clip_frac, ratio_mean, tis_mean, tis_capped_frac,
-    pg_loss, kl, entropy, loss). Masked positions contribute exactly 0 to loss and grads."""
+    """PPO-clip loss and metrics (clip_frac, ratio_mean, ratio_min, ratio_max, tis_mean,
+    tis_capped_frac, pg_loss, kl, entropy, loss). Masked positions contribute exactly 0 to loss and grads."""
     m = inputs.action_mask()
     dt = torch.promote_types(inputs.logprobs.dtype, torch.float32)
     lp = masked(inputs.logprobs, m, dtype=dt)
@@ -121,6 +121,8 @@ def ppo_loss(inputs: LossInputs, cfg: PPOLossConfig) -> tuple[Tensor, dict[str, 
         terms.update(
             clip_frac=((surr_clipped < surr) & m).sum() / n,
             ratio_mean=masked(ratio, m).sum() / n,
+            ratio_min=ratio[m].min() if m.any() else torch.ones((), device=m.device),
+            ratio_max=ratio[m].max() if m.any() else torch.ones((), device=m.device),
             tis_mean=masked(w, m).sum() / n,
             tis_capped_frac=((w >= cfg.tis_cap * (1 - 1e-6)) & m).sum() / n if cfg.tis != "none"
             else torch.zeros((), device=m.device),
