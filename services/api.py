@@ -28,7 +28,8 @@ from services.config import ServiceConfig
 from services.http import BodyLimit, RequestMetrics, ServiceMetrics
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
 from services.registry import RunRecord
-from services.runs import Conflict, InvalidRunConfig, RunManager, read_metrics
+from services.admission import InvalidRunConfig, TooManyRuns
+from services.runs import Conflict, RunManager, read_metrics
 
 log = logging.getLogger(__name__)
 API_VERSION = "1.0.0"
@@ -110,6 +111,10 @@ def _error_handlers(app: FastAPI) -> None:
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
+    @app.exception_handler(TooManyRuns)
+    async def too_many(request: Request, exc: TooManyRuns) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429)
+
     @app.exception_handler(Conflict)
     async def conflict(request: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
@@ -153,11 +158,16 @@ def _write_routes(app: FastAPI, state: ServiceState) -> None:
               tags=["runs"], openapi_extra=submit_body,
               responses={**schemas.ERRORS, 403: {"model": schemas.Problem, "description": "Read-only token"},
                          413: {"model": schemas.Problem, "description": "Body too large"},
-                         422: {"model": schemas.ValidationFailed, "description": "Invalid RunConfig"},
+                         422: {"model": schemas.ValidationFailed,
+                               "description": "Invalid RunConfig, or it names what the service does not "
+                                              "allow (a path, callable, executable or host) or exceeds a limit"},
+                         429: {"model": schemas.Problem, "description": "Too many active runs for this token"},
                          503: {"model": schemas.Problem, "description": "Ray unavailable"}})
     async def submit_run(request: Request, response: Response, principal: Auth) -> dict[str, Any]:
-        """Validate a RunConfig and start it as a Ray job. The service sets ``output_dir``,
-        ``progress`` and ``cluster.address``; ``name`` prefixes the run id."""
+        """Validate a RunConfig, admit it (paths, callables, executables and hosts against the
+        operator's allowlist; per-tenant limits) and start it as a Ray job. The service sets
+        ``output_dir``, ``progress``, ``cluster.address`` and the caches; ``name`` prefixes the
+        run id."""
         require_writer(principal)
         try:
             body = await request.json()
