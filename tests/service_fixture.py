@@ -35,13 +35,13 @@ def ray_down(tmp: Path, **fields) -> ServiceConfig:
 
 
 @contextmanager
-def serve(cfg: ServiceConfig, tokens: str = TOKENS) -> Iterator[Service]:
+def serve(cfg: ServiceConfig, tokens: str = TOKENS, environ: dict[str, str] | None = None) -> Iterator[Service]:
     import uvicorn
 
     from services.api import create_app
     from services.server import build_state
 
-    state = build_state(cfg, {"TURNRL_SERVICE_TOKENS": tokens})
+    state = build_state(cfg, {**(environ or {}), "TURNRL_SERVICE_TOKENS": tokens})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
