@@ -28,7 +28,8 @@ from services.config import ServiceConfig
 from services.http import BodyLimit, RequestMetrics, ServiceMetrics
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
 from services.registry import RunRecord
-from services.runs import Conflict, InvalidRunConfig, RunManager, read_metrics
+from services.admission import InvalidRunConfig, TooManyRuns
+from services.runs import Conflict, RunManager, read_metrics
 
 log = logging.getLogger(__name__)
 API_VERSION = "1.0.0"
@@ -68,6 +69,19 @@ def _owned(state: ServiceState, run_id: str, principal: Principal) -> RunRecord:
     return rec
 
 
+def _known_query_only(request: Request) -> None:
+    """422 for a query parameter the route does not take: a typo (``keep_file=true`` on DELETE)
+    must not be silently ignored."""
+    route = request.scope.get("route")
+    if route is None or not getattr(route, "include_in_schema", False):
+        return  # the dashboard page reads its own ?run= in the browser
+    known = {p.alias for p in route.dependant.query_params}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise RequestValidationError([{"loc": ("query", name), "type": "extra_forbidden",
+                                       "msg": f"unknown query parameter; known: {sorted(known)}"} for name in unknown])
+
+
 def _tail(text: str, lines: int) -> str:
     return "".join(text.splitlines(keepends=True)[-lines:]) if lines else ""
 
@@ -84,7 +98,8 @@ def create_app(state: ServiceState) -> FastAPI:
     app = FastAPI(title="TurnRL run service", version=API_VERSION, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None,  # /openapi.json needs a token (below)
                   description="Submit and manage TurnRL training runs (Ray jobs). Bearer token required "
-                              "everywhere but /healthz and /metrics.")
+                              "everywhere but /healthz and /metrics.",
+                  dependencies=[Depends(_known_query_only)])
     app.state.tokens, app.state.sessions, app.state.service = state.tokens, state.sessions, state
     app.add_middleware(BodyLimit, max_bytes=state.cfg.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
@@ -110,6 +125,10 @@ def _error_handlers(app: FastAPI) -> None:
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
+    @app.exception_handler(TooManyRuns)
+    async def too_many(request: Request, exc: TooManyRuns) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429)
+
     @app.exception_handler(Conflict)
     async def conflict(request: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
@@ -125,13 +144,13 @@ def _error_handlers(app: FastAPI) -> None:
 
 
 def _public_routes(app: FastAPI, state: ServiceState) -> None:
-    @app.get("/healthz", response_model=schemas.Health, operation_id="health", tags=["service"],
+    @app.get("/healthz", response_model=schemas.Health, operation_id="health", tags=["service"], responses=schemas.BAD_QUERY,
              openapi_extra={"security": []})
     def health() -> dict[str, Any]:
         return {"status": "ok" if state.ray_up else "degraded",
                 "ray": {"address": state.jobs.address, "up": state.ray_up}}
 
-    @app.get("/metrics", response_class=PlainTextResponse, operation_id="metrics", tags=["service"],
+    @app.get("/metrics", response_class=PlainTextResponse, operation_id="metrics", tags=["service"], responses=schemas.BAD_QUERY,
              openapi_extra={"security": []})
     def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -153,11 +172,16 @@ def _write_routes(app: FastAPI, state: ServiceState) -> None:
               tags=["runs"], openapi_extra=submit_body,
               responses={**schemas.ERRORS, 403: {"model": schemas.Problem, "description": "Read-only token"},
                          413: {"model": schemas.Problem, "description": "Body too large"},
-                         422: {"model": schemas.ValidationFailed, "description": "Invalid RunConfig"},
+                         422: {"model": schemas.ValidationFailed,
+                               "description": "Invalid RunConfig, or it names what the service does not "
+                                              "allow (a path, callable, executable or host) or exceeds a limit"},
+                         429: {"model": schemas.Problem, "description": "Too many active runs for this token"},
                          503: {"model": schemas.Problem, "description": "Ray unavailable"}})
     async def submit_run(request: Request, response: Response, principal: Auth) -> dict[str, Any]:
-        """Validate a RunConfig and start it as a Ray job. The service sets ``output_dir``,
-        ``progress`` and ``cluster.address``; ``name`` prefixes the run id."""
+        """Validate a RunConfig, admit it (paths, callables, executables and hosts against the
+        operator's allowlist; per-tenant limits) and start it as a Ray job. The service sets
+        ``output_dir``, ``progress``, ``cluster.address`` and the caches; ``name`` prefixes the
+        run id."""
         require_writer(principal)
         try:
             body = await request.json()
@@ -218,7 +242,7 @@ def _read_routes(app: FastAPI, state: ServiceState) -> None:
         return {"rows": rows, "cursor": next_cursor}
 
     @app.get("/v1/runs/{run_id}/logs", response_class=PlainTextResponse, operation_id="getRunLogs", tags=["runs"],
-             responses=schemas.ERRORS)
+             responses=schemas.TEXT_ROUTE_ERRORS)
     async def get_logs(run_id: str, principal: Auth,
                        tail: Annotated[int | None, Query(ge=0, description="Last N lines (default from config)")] = None,
                        follow: Annotated[bool, Query(description="Keep streaming until the run ends")] = False,

@@ -49,6 +49,12 @@ def _env_tokens(value: str) -> list[tuple[str, str, bool]]:
     return out
 
 
+def token_env_names(cfg: AuthConfig) -> frozenset[str]:
+    """Environment variables that hold API tokens: kept out of the Ray head's environment, and
+    so out of every run's (a run could otherwise print them, or send one as a Redis password)."""
+    return frozenset(filter(None, [cfg.tokens_env, *(tc.token_env for tc in cfg.tokens)]))
+
+
 class TokenStore:
     def __init__(self, entries: list[tuple[Principal, str]]) -> None:
         self._entries = [(p, _digest(t)) for p, t in entries]

@@ -6,6 +6,7 @@ never shows them, and may come from environment variables instead of the file.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -102,6 +103,10 @@ class JobsConfig(BaseModel):
     poll_s: float = Field(2.0, gt=0)
     """How often the service refreshes the status of active runs from Ray."""
 
+    def workdir(self) -> Path:
+        """Where runs start, absolute: relative paths in their configs resolve from here."""
+        return Path(self.working_dir or os.getcwd()).resolve()
+
 
 class RegistryConfig(BaseModel):
     """The run registry: survives service restarts."""
@@ -112,6 +117,72 @@ class RegistryConfig(BaseModel):
     """Backend (only SQLite today)."""
     path: str | None = None
     """SQLite file (None: ``<state_dir>/registry.sqlite``)."""
+
+
+class RedisServerConfig(BaseModel):
+    """A Redis server runs submitted over the API may keep their replay in."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    url: str = Field(pattern=r"^rediss?://")
+    """``redis://host:port/db`` exactly as a submitted ``replay.url`` must spell it."""
+    password_env: str | None = None
+    """Environment variable (of the run's job) holding its password; the service sets
+    ``replay.password_env`` to this, a submitted value is refused."""
+
+
+class AdmissionConfig(BaseModel):
+    """What a RunConfig submitted over the API may reach (``turnrl train`` on the command line
+    is not restricted). Everything not listed here is refused with 422, naming the field and
+    what is allowed. Paths are resolved (``..``, symlinks, relative to ``jobs.working_dir``)
+    before they are compared with a root."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model_roots: list[str] = []
+    """Directories models may be read from (``policy.path``, ``rewards.prm.path``,
+    ``rewards.prm.train.init_from``, ``env.data.dense_model_path``). Empty: only
+    ``builtin:tiny`` and ``hub_models``."""
+    data_roots: list[str] = []
+    """Directories data files may be read from (``env.data.*_path``, ``env.train_path``,
+    ``env.heldout_path``). Tool-use data files carry Python tool source that runs in a
+    sandbox that is no security boundary: list only directories whose files you trust."""
+    hub_models: list[str] = []
+    """Hugging Face hub ids a model field may name (``Qwen/Qwen2.5-0.5B-Instruct``); fetched
+    with the service user's HF cache and network settings."""
+    judge_functions: list[str] = []
+    """``package.module:name`` callables a generative judge may use (``rewards.prm.function``
+    with ``backend: callable``). Each runs as the service's user, with the run's prompts: list
+    only functions you wrote or trust. Empty (the default): no callable judge."""
+    redis_servers: list[RedisServerConfig] = []
+    """Remote Redis servers ``replay.url`` may name. ``embedded`` (a redis-server of the run's
+    own, data in its run directory) is always allowed."""
+    redis_server_binary: str = "redis-server"
+    """The redis-server executable embedded replay starts (``replay.server_binary``): the
+    operator's choice only; a submitted ``replay.server_binary`` that differs is refused."""
+    cache_dir: str | None = None
+    """Where each tenant's built policies and search indexes are cached, in a subdirectory per
+    token name (``<cache_dir>/<name>/policies``, ``.../search_index``) shared by that tenant's
+    runs only. None: each run caches inside its own directory (rebuilt by every run)."""
+
+
+class LimitsConfig(BaseModel):
+    """What one tenant (token name) may use; a submission over a limit is refused naming it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_concurrent_runs: int = Field(4, ge=1)
+    """Runs pending, running or stopping at once (429 beyond)."""
+    max_steps: int = Field(100_000, ge=1)
+    """Largest ``train.steps`` (422 beyond)."""
+    max_actors: int = Field(32, ge=1)
+    """Most Ray actors one run may start (rollout workers, env actors, learner, replay, reward
+    service, weight broker, reward scorers and judges)."""
+    max_cpus: float = Field(16.0, gt=0)
+    """Most Ray CPUs one run's actors may reserve together."""
+    max_gpus: int = Field(0, ge=0)
+    """Most GPUs one run may use: each rollout worker whose ``rollout.engine.device`` is not
+    ``cpu`` counts one. 0 (the default): CPU-only runs."""
 
 
 class ServiceConfig(BaseModel):
@@ -145,6 +216,19 @@ class ServiceConfig(BaseModel):
     """Lines GET /v1/runs/{id}/logs returns when ``tail`` is not given."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Service log level (uvicorn's too)."""
+    admission: AdmissionConfig = AdmissionConfig()
+    """What submitted run configs may reach: model and data roots, judge callables, Redis
+    servers, executables, caches (docs/services.md, "Security model")."""
+    limits: LimitsConfig = LimitsConfig()
+    """Per-tenant limits, for every token name."""
+    tenant_limits: dict[str, LimitsConfig] = {}
+    """Overrides of ``limits`` by token name; only the keys written replace the defaults."""
+
+    def limits_for(self, owner: str) -> LimitsConfig:
+        override = self.tenant_limits.get(owner)
+        if override is None:
+            return self.limits
+        return self.limits.model_copy(update=override.model_dump(exclude_unset=True))
 
     def state_path(self) -> Path:
         return Path(self.state_dir).resolve()

@@ -15,6 +15,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse
 
 from services.auth import SESSION_COOKIE, authenticate
+from services.schemas import BAD_QUERY, Problem
 
 if TYPE_CHECKING:
     from services.api import ServiceState
@@ -39,7 +40,9 @@ def add_dashboard(app: FastAPI, state: "ServiceState") -> None:
             raise HTTPException(404, "not found")
         return FileResponse(STATIC / name, media_type=_FILES[name])
 
-    @app.post("/v1/session", status_code=204, operation_id="login", tags=["session"])
+    unauthorized = {401: {"model": Problem, "description": "Missing or invalid bearer token"}, **BAD_QUERY}
+
+    @app.post("/v1/session", status_code=204, operation_id="login", tags=["session"], responses=unauthorized)
     def login(request: Request) -> Response:
         """Exchange a bearer token (Authorization header) for a dashboard session cookie."""
         if not request.headers.get("authorization"):
@@ -52,7 +55,7 @@ def add_dashboard(app: FastAPI, state: "ServiceState") -> None:
                             secure=request.url.scheme == "https")
         return response
 
-    @app.delete("/v1/session", status_code=204, operation_id="logout", tags=["session"])
+    @app.delete("/v1/session", status_code=204, operation_id="logout", tags=["session"], responses=unauthorized)
     def logout(request: Request) -> Response:
         """End the dashboard session (the cookie itself, or a bearer token, authenticates this)."""
         sid = request.cookies.get(SESSION_COOKIE)

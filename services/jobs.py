@@ -9,7 +9,6 @@ final checkpoint before Ray kills it.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import sys
 import threading
@@ -78,7 +77,7 @@ class RayJobs:
 
     def entrypoint(self, config_path: Path) -> str:
         python = self.cfg.python or sys.executable
-        workdir = Path(self.cfg.working_dir or os.getcwd()).resolve()
+        workdir = self.cfg.workdir()
         train = f"{shlex.quote(python)} -m cluster.cli train {shlex.quote(str(config_path))}"
         if self.cfg.stop_signal == "SIGINT":
             # Ray starts jobs with SIGINT ignored; GNU env restores the default so that Python

@@ -58,10 +58,16 @@ def _is_our_ray_start(pid: int) -> bool:
 
 
 class LocalRayHead:
-    def __init__(self, cfg: LocalRayConfig, state_dir: Path) -> None:
+    def __init__(self, cfg: LocalRayConfig, state_dir: Path, hidden_env: frozenset[str] = frozenset()) -> None:
         self.cfg = cfg
         self.state_dir = state_dir
         self.state_path = state_dir / STATE_FILE
+        self.hidden_env = hidden_env
+
+    def child_env(self, environ: dict[str, str]) -> dict[str, str]:
+        """The head's environment, which every run (Ray job) inherits: the service's, less the
+        variables holding API tokens (``hidden_env``), plus ``RAY_ENV``."""
+        return {**{k: v for k, v in environ.items() if k not in self.hidden_env}, **RAY_ENV}
 
     def _state(self) -> dict[str, Any] | None:
         try:
@@ -97,7 +103,7 @@ class LocalRayHead:
         if self.cfg.num_cpus:
             cmd.append(f"--num-cpus={self.cfg.num_cpus}")
         logf = (self.state_dir / "local_ray.log").open("ab")
-        proc = subprocess.Popen(cmd, env={**os.environ, **RAY_ENV}, stdout=logf, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=self.child_env(dict(os.environ)), stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         logf.close()
         url = f"http://127.0.0.1:{dash_port}"

@@ -12,9 +12,10 @@ import json
 import logging
 import math
 import re
+import secrets
 import shutil
+import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 
 from cluster.config import ConfigError, RunConfig, build_config
 from cluster.telemetry import TARGETS_FILE
+from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
 from services.registry import ACTIVE, TERMINAL, RunRecord, RunRegistry
@@ -35,12 +37,6 @@ _TAIL_BYTES = 256 * 1024
 # A run is recorded before Ray has its job; until then a status poll finds no job. Only a
 # run older than this is declared lost when Ray does not know it.
 LOST_GRACE_S = 60.0
-
-
-class InvalidRunConfig(ValueError):
-    def __init__(self, errors: list[dict[str, str]]) -> None:
-        super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors))
-        self.errors = errors
 
 
 class Conflict(RuntimeError):
@@ -128,30 +124,41 @@ class RunManager:
         self.cfg, self.registry, self.jobs = cfg, registry, jobs
         self.runs_dir = cfg.runs_path()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.admission = Admission(cfg)  # refuses read roots that overlap the runs
+        self._submit_lock = threading.Lock()  # the concurrent-runs count and the new row, together
 
     # -- submit ----------------------------------------------------------------------------
     def submit(self, owner: str, body: Any) -> RunRecord:
+        """Validate, admit (InvalidRunConfig / TooManyRuns before anything starts), record, start."""
         run_cfg = validate_run_config(body)
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", run_cfg.name).strip("-.")[:40] or "run"
-        run_id = f"{slug}-{uuid.uuid4().hex[:8]}"
-        # The service owns where runs write, how they report and which cluster they join.
-        run_cfg = run_cfg.model_copy(update={"name": run_id, "output_dir": str(self.runs_dir), "progress": "log",
-                                             "cluster": run_cfg.cluster.model_copy(update={"address": None})})
+        run_id = f"{slug}-{secrets.token_hex(12)}"  # 96 random bits: no run id is guessable
         run_dir = self.runs_dir / run_id
-        run_dir.mkdir(parents=True)
-        config_path = run_dir / RUN_CONFIG_FILE
-        config_path.write_text(yaml.safe_dump(run_cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
-        now = time.time()
-        rec = RunRecord(id=run_id, owner=owner, name=slug, status="pending", run_dir=str(run_dir),
-                        total_steps=run_cfg.train.steps, created_at=now, updated_at=now)
-        self.registry.add(rec)
+        run_cfg = self.admission.admit(run_cfg, body, owner, run_dir)
+        with self._submit_lock:
+            active = len(self.registry.list(owner=owner, statuses=ACTIVE))
+            limit = self.cfg.limits_for(owner).max_concurrent_runs
+            if active >= limit:
+                raise TooManyRuns(f"{owner!r} has {active} active runs; limits.max_concurrent_runs={limit}: "
+                                  "wait for one to finish or stop one")
+            self._record(owner, slug, run_cfg, run_dir)
         try:
-            self.jobs.submit(run_id, config_path, {"turnrl_run": run_id, "owner": owner})
+            self.jobs.submit(run_id, run_dir / RUN_CONFIG_FILE, {"turnrl_run": run_id, "owner": owner})
         except RayUnavailable as exc:
             self.registry.update(run_id, status="failed", finished_at=time.time(), message=str(exc))
             raise
         log.info("run %s submitted by %s", run_id, owner)
         return self.registry.get(run_id)
+
+    def _record(self, owner: str, slug: str, run_cfg: RunConfig, run_dir: Path) -> RunRecord:
+        run_dir.mkdir(mode=0o700)  # other users of the machine cannot look in
+        config_path = run_dir / RUN_CONFIG_FILE
+        config_path.write_text(yaml.safe_dump(run_cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
+        now = time.time()
+        rec = RunRecord(id=run_dir.name, owner=owner, name=slug, status="pending", run_dir=str(run_dir),
+                        total_steps=run_cfg.train.steps, created_at=now, updated_at=now)
+        self.registry.add(rec)
+        return rec
 
     # -- status ----------------------------------------------------------------------------
     def refresh(self, rec: RunRecord, note: str | None = None) -> RunRecord:

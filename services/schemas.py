@@ -142,5 +142,13 @@ class Health(BaseModel):
     """Job server address and whether it answered."""
 
 
+# 422 on every route: a bad or unknown query parameter (FastAPI's own HTTPValidationError shape
+# is not what the service sends: its handler flattens ``loc`` to a dotted string).
+BAD_QUERY = {422: {"model": ValidationFailed, "description": "Invalid or unknown query parameter"}}
 ERRORS = {401: {"model": Problem, "description": "Missing or invalid bearer token"},
-          404: {"model": Problem, "description": "No such run for this token"}}
+          404: {"model": Problem, "description": "No such run for this token"}, **BAD_QUERY}
+
+# Routes whose success body is text (logs) still answer errors as JSON: say so explicitly, since
+# FastAPI would document a model-only error response with the route's text/plain media type.
+TEXT_ROUTE_ERRORS = {code: {"description": spec["description"], "content": {"application/json": {
+    "schema": {"$ref": f"#/components/schemas/{spec['model'].__name__}"}}}} for code, spec in ERRORS.items()}

@@ -9,7 +9,7 @@ import sys
 from typing import Any, Mapping
 
 from services.api import ServiceState, create_app
-from services.auth import RedactSecrets, Sessions, TokenStore
+from services.auth import RedactSecrets, Sessions, TokenStore, token_env_names
 from services.config import ServiceConfig
 from services.jobs import RayJobs
 from services.ray_cluster import LocalRayHead
@@ -37,7 +37,7 @@ def log_config(level: str, secrets: list[str]) -> dict[str, Any]:
 def build_state(cfg: ServiceConfig, environ: Mapping[str, str] = os.environ,
                 tokens: TokenStore | None = None) -> ServiceState:
     tokens = tokens or TokenStore.from_config(cfg.auth, environ)  # fail before starting anything
-    address = cfg.ray.address or LocalRayHead(cfg.ray.local, cfg.state_path()).ensure()
+    address = cfg.ray.address or LocalRayHead(cfg.ray.local, cfg.state_path(), token_env_names(cfg.auth)).ensure()
     jobs = RayJobs(address, cfg.jobs)
     manager = RunManager(cfg, RunRegistry(cfg.registry_path()), jobs)
     return ServiceState(cfg, tokens, jobs, manager, Sessions(cfg.auth.session_ttl_s))

@@ -8,7 +8,6 @@ Ray are in test_services_e2e.py; here runs of other owners are written into the 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -18,40 +17,21 @@ import pytest
 
 from services.client import ServiceClient, ServiceError
 from services.config import ServiceConfig
-from services.ray_cluster import free_port
 from services.registry import RunRecord
 
-ALICE, BOB, VIEWER = "alice-token-0123456789", "bob-token-0123456789xyz", "viewer-token-0123456789"
-TOKENS = f"alice={ALICE},bob={BOB},viewer:ro={VIEWER}"
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-class Service:
-    def __init__(self, url: str, state, tmp: Path) -> None:
-        self.url, self.state, self.tmp = url, state, tmp
+from service_fixture import ALICE, BOB, VIEWER, Service, bearer, ray_down, serve
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory) -> Iterator[Service]:
-    import uvicorn
-
-    from services.api import create_app
-    from services.server import build_state
-
     tmp = tmp_path_factory.mktemp("svc")
-    cfg = ServiceConfig(state_dir=str(tmp), max_body_bytes=4096,
-                        ray={"address": f"http://127.0.0.1:{free_port()}"})  # nothing listens there
-    state = build_state(cfg, {"TURNRL_SERVICE_TOKENS": TOKENS})
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    cfg = ray_down(tmp, max_body_bytes=4096)  # nothing listens at its Ray address
+    with serve(cfg) as svc:
+        _add_bobs_run(cfg, svc.state)
+        yield svc
+
+
+def _add_bobs_run(cfg: ServiceConfig, state) -> None:
     # bob's finished run, written the way a run leaves its directory
     run_dir = cfg.runs_path() / "bobs-run-00000001"
     run_dir.mkdir(parents=True)
@@ -61,9 +41,6 @@ def service(tmp_path_factory) -> Iterator[Service]:
     (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
     state.manager.registry.add(RunRecord(id="bobs-run-00000001", owner="bob", name="bobs-run", status="succeeded",
                                          run_dir=str(run_dir), total_steps=2, created_at=1.0, updated_at=2.0))
-    yield Service(f"http://127.0.0.1:{port}", state, tmp)
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def test_health_and_metrics_need_no_token(service: Service) -> None:

@@ -43,10 +43,11 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S, eve
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def run_body(policy_cache: str, name: str, steps: int) -> dict[str, Any]:
+def run_body(name: str, steps: int) -> dict[str, Any]:
+    """No policy.cache_dir: the service puts alice's runs on her tenant cache (see Stack)."""
     from cluster.config import apply_overrides
 
-    return apply_overrides({}, [*TINY_OVERRIDES, f"policy.cache_dir={policy_cache}", f"name={name}",
+    return apply_overrides({}, [*TINY_OVERRIDES, f"name={name}",
                                 f"train.steps={steps}", "eval.num_tasks=0", "rollout.group_size=2",
                                 "learner.batch_groups=2", "rollout.groups_in_flight=2", "rollout.max_new_tokens=24",
                                 "learner.num_cpus=0.5"])
@@ -62,7 +63,8 @@ class Stack:
         self.config = tmp / "service.yaml"
         self.config.write_text(yaml.safe_dump({
             "port": self.port, "state_dir": str(tmp / "state"), "ray": {"local": {"num_cpus": 4}},
-            "jobs": {"poll_s": 1.0, "stop_grace_s": 120, "working_dir": str(ROOT)}}))
+            "jobs": {"poll_s": 1.0, "stop_grace_s": 120, "working_dir": str(ROOT)},
+            "admission": {"cache_dir": str(tmp / "tenant-cache")}}))
         self.env = {**os.environ, "TURNRL_SERVICE_TOKENS": f"alice={ALICE},bob={BOB},viewer:ro={VIEWER}"}
         self.log = tmp / "service.log"
         self.proc: subprocess.Popen | None = None
@@ -102,7 +104,9 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(request, tmp_path_factory, policy_cache) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("e2e"))
-    stack.policy_cache = policy_cache
+    # The operator seeds alice's tenant cache with the policy the tiny_policy fixture builds.
+    (stack.tmp / "tenant-cache" / "alice").mkdir(parents=True)
+    (stack.tmp / "tenant-cache" / "alice" / "policies").symlink_to(policy_cache)
     stack.start(wait=False)  # the Ray head starts while the tiny policy builds
     try:
         request.getfixturevalue("tiny_policy")  # built once here, so runs skip SFT
@@ -130,8 +134,8 @@ def test_submit_then_restart_mid_run(stack: Stack) -> None:
     from ray.job_submission import JobSubmissionClient
 
     with stack.client() as client:
-        long = client.submit(run_body(stack.policy_cache, "long", steps=500))
-        short = client.submit(run_body(stack.policy_cache, "short", steps=2))
+        long = client.submit(run_body("long", steps=500))
+        short = client.submit(run_body("short", steps=2))
         stack.ids.update(A=long["id"], B=short["id"])
         assert long["status"] == "pending" and long["id"].startswith("long-") and long["total_steps"] == 500
         assert [r["id"] for r in client.list()] == [short["id"], long["id"]]  # newest first

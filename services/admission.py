@@ -1,0 +1,307 @@
+"""Admission of runs submitted over the API: what a RunConfig may reach, and tenant limits.
+
+``RULES`` is the one list of RunConfig fields that can name code, an executable, a file, a
+directory or a host, each with the check it gets; ``tests/test_services_admission.py`` walks the
+RunConfig schema and fails on any free-text or path-like field missing from it, so a new field
+cannot slip past unclassified. ``Admission.admit`` walks a validated config with these rules
+against the operator's ``admission`` section and returns the config the run will execute, with
+what the service decides filled in (run directory, caches, redis-server binary), or raises
+``InvalidRunConfig`` listing every refused field and what is allowed. Paths are resolved
+(``..``, symlinks, relative to the job's working directory) before they are compared with a
+root. ``turnrl train`` on the command line never comes through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel
+
+from cluster.config import RunConfig, build_config
+from services.config import LimitsConfig, ServiceConfig, ServiceConfigError
+
+
+class InvalidRunConfig(ValueError):
+    """422: one entry per refused field, ``{"loc", "msg", "type"}``."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+class TooManyRuns(RuntimeError):
+    """429: the tenant already has ``max_concurrent_runs`` active runs."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    """service | model | data | write | callable | executable | redis_url | redis_password |
+    env_overrides | inert (see ``KINDS``)."""
+    why: str = ""
+    """For ``inert`` and ``service``: what the value is, and why it reaches nothing."""
+    also: tuple[str, ...] = ()
+    """Literal values allowed besides what the kind allows (``builtin:tiny``)."""
+    cache: str | None = None
+    """For ``write``: the subdirectory of the tenant cache it defaults to when not submitted."""
+
+
+KINDS = {
+    "service": "set by the service; a submitted value is replaced",
+    "model": "a model read: a listed hub id or a path under admission.model_roots",
+    "data": "a file read: a path under admission.data_roots",
+    "write": "a directory written: a relative path, placed inside the run's own directory",
+    "callable": "code: one of admission.judge_functions",
+    "executable": "a program: admission's, never a submitted one",
+    "redis_url": "a host: 'embedded' or one of admission.redis_servers",
+    "redis_password": "an environment variable: the matched admission.redis_servers entry's",
+    "env_overrides": "environment keys: checked as the environment config they produce",
+    "inert": "text that names no code, file or host",
+}
+
+# Keyed "<pydantic class>.<field>": a class is checked wherever it is nested.
+RULES: dict[str, Rule] = {
+    "RunConfig.name": Rule("service", "becomes the run id"),
+    "RunConfig.output_dir": Rule("service", "the service's runs_dir"),
+    "ClusterConfig.address": Rule("service", "the job joins the service's Ray cluster"),
+    "PolicyConfig.path": Rule("model", also=("builtin:tiny",)),
+    "PolicyConfig.cache_dir": Rule("write", cache="policies"),
+    "SFTConfig.env": Rule("env_overrides"),
+    "SearchDataConfig.train_path": Rule("data"),
+    "SearchDataConfig.heldout_path": Rule("data"),
+    "SearchDataConfig.corpus_path": Rule("data"),
+    "SearchDataConfig.dense_model_path": Rule("model"),
+    "SearchDataConfig.index_cache_dir": Rule("write", cache="search_index"),
+    "ToolUseConfig.train_path": Rule("data"),
+    "ToolUseConfig.heldout_path": Rule("data"),
+    "HFEngineConfig.device": Rule("inert", "a torch device; non-cpu devices count against limits.max_gpus"),
+    "IGConfig.prefix": Rule("inert", "text put before the gold answer"),
+    "IGConfig.suffix": Rule("inert", "text put after the gold answer"),
+    "PRMConfig.path": Rule("model"),
+    "PRMConfig.good_token": Rule("inert", "a token's text"),
+    "PRMConfig.bad_token": Rule("inert", "a token's text"),
+    "PRMTrainConfig.init_from": Rule("model", also=("policy",)),
+    "JudgeConfig.path": Rule("model"),
+    "JudgeConfig.function": Rule("callable"),
+    "JudgeConfig.rubric": Rule("inert", "prompt text"),
+    "RewardsConfig.weights": Rule("inert", "source name -> float"),
+    "ReplayConfig.url": Rule("redis_url"),
+    "ReplayConfig.password_env": Rule("redis_password"),
+    "ReplayConfig.key_prefix": Rule("inert", "[A-Za-z0-9._-]+; every key also carries the run's own id"),
+    "ReplayConfig.server_binary": Rule("executable"),
+}
+
+
+def _children(value: Any, loc: tuple[str, ...]) -> Iterator[tuple[BaseModel, tuple[str, ...]]]:
+    if isinstance(value, BaseModel):
+        yield value, loc
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _children(item, (*loc, str(i)))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _children(item, (*loc, str(key)))
+
+
+def sensitive_fields(model: BaseModel, loc: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str, Rule, BaseModel]]:
+    """(key path, field name, rule, the model holding it) for every non-inert classified field."""
+    for name, info in type(model).model_fields.items():
+        here = (*loc, info.alias or name)
+        rule = RULES.get(f"{type(model).__name__}.{name}")
+        if rule is not None and rule.kind != "inert":
+            yield here, name, rule, model
+        for child, child_loc in _children(getattr(model, name), here):
+            yield from sensitive_fields(child, child_loc)
+
+
+def _has(tree: Any, loc: tuple[str, ...]) -> bool:
+    for part in loc:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def _set(tree: dict[str, Any], loc: tuple[str, ...], value: Any) -> None:
+    for part in loc[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[loc[-1]] = value
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _resolve(value: str, base: Path) -> Path | None:
+    """Absolute, ``..`` and symlinks resolved; None for what is no path (a NUL byte)."""
+    try:
+        return (base / value).resolve()  # an absolute value replaces base
+    except (ValueError, OSError, RuntimeError):  # NUL byte, symlink loop
+        return None
+
+
+def demand(cfg: RunConfig) -> dict[str, float]:
+    """Ray actors, CPUs and GPUs the run asks for: the actors ``cluster.actors.start_actors``
+    and ``cluster.reward_service.start_reward_service`` create, with their ``num_cpus``."""
+    rc, sc, ro = cfg.rewards, cfg.rewards.service, cfg.rollout
+    scorers = sc.num_scorers if rc.ig is not None or (rc.prm is not None and rc.prm.type == "model") else 0
+    judges = rc.prm.num_workers if rc.prm is not None and rc.prm.type == "judge" else 0
+    envs = ro.env_actors.count
+    cpus = (ro.num_workers * ro.num_cpus + cfg.learner.num_cpus + cfg.cluster.reward_num_cpus
+            + cfg.cluster.replay_num_cpus + envs * ro.env_actors.num_cpus
+            + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus)
+    # replay, weight broker, reward service and learner, plus the pools
+    actors = 4 + ro.num_workers + envs + scorers + judges
+    gpus = ro.num_workers if ro.engine.device != "cpu" else 0
+    return {"actors": actors, "cpus": cpus, "gpus": gpus}
+
+
+def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
+    """One 422 entry per per-run limit the config exceeds, naming the limit."""
+    errors = []
+    if cfg.train.steps > limits.max_steps:
+        errors.append(("train.steps", f"{cfg.train.steps} steps exceed limits.max_steps={limits.max_steps}"))
+    need = demand(cfg)
+    what = {"actors": ("max_actors", "rollout.num_workers + rollout.env_actors.count + reward scorers/judges + 4"),
+            "cpus": ("max_cpus", "the num_cpus of every actor"),
+            "gpus": ("max_gpus", "rollout.num_workers when rollout.engine.device is not cpu")}
+    for key, (limit, how) in what.items():
+        allowed = getattr(limits, limit)
+        if need[key] > allowed + 1e-9:
+            errors.append(("<root>", f"the run asks for {need[key]:g} {key} ({how}); limits.{limit}={allowed:g}"))
+    return [{"loc": loc, "msg": f"{msg} for tenant {owner!r}", "type": "limit_exceeded"} for loc, msg in errors]
+
+
+class Admission:
+    """The operator's ``admission`` section, with its roots resolved once at start-up."""
+
+    def __init__(self, cfg: ServiceConfig) -> None:
+        self.cfg, self.adm = cfg, cfg.admission
+        self.workdir = cfg.jobs.workdir()
+        self.model_roots = [Path(r).resolve() for r in self.adm.model_roots]
+        self.data_roots = [Path(r).resolve() for r in self.adm.data_roots]
+        self.cache_dir = Path(self.adm.cache_dir).resolve() if self.adm.cache_dir else None
+        self.redis = {s.url: s for s in self.adm.redis_servers}
+        protected = {"state_dir": cfg.state_path(), "runs_dir": cfg.runs_path(), "registry.path": cfg.registry_path()}
+        if self.cache_dir:
+            protected["admission.cache_dir"] = self.cache_dir
+        for field, roots in (("model_roots", self.model_roots), ("data_roots", self.data_roots)):
+            for root in roots:
+                for name, path in protected.items():
+                    if _within(path, root) or _within(root, path):
+                        raise ServiceConfigError(
+                            f"admission.{field}: {root} overlaps {name} ({path}); a read root there would "
+                            "let one tenant read another's runs: list narrower directories")
+
+    def admit(self, run_cfg: RunConfig, body: dict[str, Any], owner: str, run_dir: Path) -> RunConfig:
+        """The config the run executes, or InvalidRunConfig naming every refused field."""
+        tree = run_cfg.model_dump(mode="json", by_alias=True)
+        errors: list[dict[str, str]] = []
+        ctx = _Walk(self, run_cfg, body, owner, run_dir, tree, errors)
+        for loc, name, rule, holder in sensitive_fields(run_cfg):
+            ctx.check(loc, rule, getattr(holder, name), holder)
+        # The service decides where the run writes, how it reports and which cluster it joins.
+        _set(tree, ("name",), run_dir.name)
+        _set(tree, ("output_dir",), str(run_dir.parent))
+        _set(tree, ("progress",), "log")
+        _set(tree, ("cluster", "address"), None)
+        admitted = build_config(tree) if not errors else run_cfg
+        errors += limit_errors(admitted, self.cfg.limits_for(owner), owner)
+        if errors:
+            raise InvalidRunConfig(errors)
+        return admitted
+
+
+@dataclass
+class _Walk:
+    """One admission pass: collects refusals into ``errors`` and rewrites into ``tree``."""
+
+    adm: Admission
+    run_cfg: RunConfig
+    body: dict[str, Any]
+    owner: str
+    run_dir: Path
+    tree: dict[str, Any]
+    errors: list[dict[str, str]]
+
+    def refuse(self, loc: tuple[str, ...], msg: str, kind: str) -> None:
+        self.errors.append({"loc": ".".join(loc), "msg": msg, "type": f"not_allowed_{kind}"})
+
+    def check(self, loc: tuple[str, ...], rule: Rule, value: Any, holder: BaseModel) -> None:
+        if rule.kind == "service":
+            return
+        if value is None and rule.kind in ("model", "data", "write", "callable"):
+            return  # unset: nothing is read, written or called
+        getattr(self, f"_{rule.kind}")(loc, rule, value, holder)
+
+    def _model(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        if value in rule.also or value in self.adm.adm.hub_models:
+            return
+        self._read(loc, value, self.adm.model_roots, "model_roots",
+                   extra=[*rule.also, *(f"hub id {h}" for h in self.adm.adm.hub_models)])
+
+    def _data(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        self._read(loc, value, self.adm.data_roots, "data_roots")
+
+    def _read(self, loc: tuple[str, ...], value: str, roots: list[Path], field: str, extra: list[str] = ()) -> None:
+        path = _resolve(value, self.adm.workdir)
+        if path is not None and any(_within(path, root) for root in roots):
+            return
+        where = f"a path under admission.{field} {[str(r) for r in roots]}" if roots else \
+            f"no admission.{field} are configured"
+        allowed = "; ".join([*(repr(e) for e in extra), where])
+        shown = f" (resolves to {path})" if path is not None and str(path) != value else ""
+        self.refuse(loc, f"{value!r}{shown} is not allowed: allowed are {allowed}", "path")
+
+    def _write(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        if not _has(self.body, loc) and self.adm.cache_dir is not None and rule.cache:
+            _set(self.tree, loc, str(self.adm.cache_dir / self.owner / rule.cache))  # the tenant's own cache
+            return
+        path = None if Path(value).is_absolute() else _resolve(value, self.run_dir)
+        if path is None or not _within(path, self.run_dir) or path == self.run_dir:
+            self.refuse(loc, f"{value!r} is not allowed: runs write only inside their own directory; give a "
+                             "relative path without '..' (or leave it unset)", "path")
+            return
+        _set(self.tree, loc, str(path))
+
+    def _callable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        allowed = self.adm.adm.judge_functions
+        if value not in allowed:
+            self.refuse(loc, f"{value!r} is not allowed: allowed judge functions are {allowed} "
+                             "(admission.judge_functions)", "callable")
+
+    def _executable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        binary = self.adm.adm.redis_server_binary
+        if _has(self.body, loc) and value != binary:
+            self.refuse(loc, f"{value!r} is not allowed: the service's operator sets it "
+                             f"(admission.redis_server_binary={binary!r}); remove it", "executable")
+        _set(self.tree, loc, binary)
+
+    def _redis_url(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        if value != "embedded" and value not in self.adm.redis:
+            self.refuse(loc, f"{value!r} is not allowed: allowed are 'embedded' and {sorted(self.adm.redis)} "
+                             "(admission.redis_servers)", "host")
+
+    def _redis_password(self, loc: tuple[str, ...], rule: Rule, value: str | None, holder: BaseModel) -> None:
+        server = self.adm.redis.get(getattr(holder, "url", ""))
+        wanted = server.password_env if server else None
+        if _has(self.body, loc) and value != wanted:
+            self.refuse(loc, f"{value!r} is not allowed: the service sets it from admission.redis_servers "
+                             f"({wanted!r} for this url); remove it", "secret")
+        _set(self.tree, loc, wanted)
+
+    def _env_overrides(self, loc: tuple[str, ...], rule: Rule, value: dict[str, Any], holder: BaseModel) -> None:
+        """Check the environment ``policy.sft.env`` produces; only the keys it replaces are its own
+        (the rest are the run's ``env``, checked there)."""
+        from learner.bootstrap import demo_env_config
+
+        try:
+            env = demo_env_config(self.run_cfg.policy, self.run_cfg.env)
+        except ValueError as exc:
+            self.errors.append({"loc": ".".join(loc), "msg": str(exc), "type": "value_error"})
+            return
+        for sub, name, sub_rule, sub_holder in sensitive_fields(env, loc) if env is not None else ():
+            if sub[len(loc)] in value:
+                self.check(sub, sub_rule, getattr(sub_holder, name), sub_holder)

@@ -1,0 +1,284 @@
+"""Admission: what a RunConfig submitted over the API may reach, and per-tenant limits.
+
+Over real HTTP (no Ray behind the service: an admitted run answers 503 after the service has
+written its run.yaml, a refused one 422 before anything exists), and ``Admission`` directly for
+the path-resolution matrix (``..``, symlinks, absolute paths). The schema walk at the end keeps
+``services.admission.RULES`` complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from cluster.config import RunConfig, build_config
+from services.admission import RULES, Admission, InvalidRunConfig, demand
+from services.config import ServiceConfig, ServiceConfigError
+from services.registry import RunRecord
+
+from service_fixture import ALICE, BOB, VIEWER, Service, bearer, ray_down, serve
+
+JUDGE_OK = "tests.judges:rate"  # only compared as a name: never imported by these tests
+REDIS_OK = "redis://replay.internal:6379/0"
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> Path:
+    """models/, data/ (allowed), outside/ (not), and symlinks from inside to both."""
+    tmp = tmp_path_factory.mktemp("roots")
+    for d in ("models/policy", "data", "outside/secret"):
+        (tmp / d).mkdir(parents=True)
+    (tmp / "data" / "train.jsonl").write_text("{}\n")
+    (tmp / "outside" / "stolen.jsonl").write_text("{}\n")
+    (tmp / "models" / "escape").symlink_to(tmp / "outside" / "secret")  # inside -> outside
+    (tmp / "models" / "alias").symlink_to(tmp / "models" / "policy")  # inside -> inside
+    (tmp / "data" / "link.jsonl").symlink_to(tmp / "outside" / "stolen.jsonl")
+    return tmp
+
+
+def service_config(tmp: Path, roots: Path, **extra: Any) -> ServiceConfig:
+    admission = {"model_roots": [str(roots / "models")], "data_roots": [str(roots / "data")],
+                 "hub_models": ["Qwen/Qwen2.5-0.5B-Instruct"], "judge_functions": [JUDGE_OK],
+                 "redis_servers": [{"url": REDIS_OK, "password_env": "REPLAY_REDIS_PASSWORD"}],
+                 "redis_server_binary": "/opt/redis/bin/redis-server", **extra.pop("admission", {})}
+    return ray_down(tmp / "state", jobs={"working_dir": str(roots)}, admission=admission,
+                    limits={"max_steps": 1000, "max_cpus": 4, "max_actors": 8, "max_concurrent_runs": 2},
+                    tenant_limits={"bob": {"max_steps": 50}}, **extra)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, roots) -> Iterator[Service]:
+    with serve(service_config(tmp_path_factory.mktemp("adm"), roots)) as svc:
+        yield svc
+
+
+def submit(service: Service, body: dict, token: str = ALICE) -> httpx.Response:
+    return httpx.post(f"{service.url}/v1/runs", json=body, headers=bearer(token))
+
+
+def refused(service: Service, body: dict, token: str = ALICE) -> dict[str, str]:
+    """{loc: msg} of a 422, after checking that nothing was recorded or created."""
+    runs_dir = service.state.manager.runs_dir
+    before = (sorted(os.listdir(runs_dir)), service.state.manager.registry.count_by_status())
+    res = submit(service, body, token)
+    assert res.status_code == 422, res.text
+    assert (sorted(os.listdir(runs_dir)), service.state.manager.registry.count_by_status()) == before
+    return {e["loc"]: e["msg"] for e in res.json()["detail"]}
+
+
+def admitted(service: Service, body: dict, token: str = ALICE) -> dict[str, Any]:
+    """The run.yaml the service wrote for an admitted run (Ray is down: 503 after that)."""
+    res = submit(service, body, token)
+    assert res.status_code == 503, res.text
+    run = httpx.get(f"{service.url}/v1/runs", headers=bearer(token)).json()["runs"][0]
+    assert run["status"] == "failed"
+    return yaml.safe_load((service.state.manager.runs_dir / run["id"] / "run.yaml").read_text())
+
+
+def test_the_issues_os_system_judge_is_refused_naming_the_field(service: Service) -> None:
+    body = {"rewards": {"prm": {"type": "judge", "backend": "callable", "function": "os:system"}}}
+    errors = refused(service, body)
+    assert errors == {"rewards.prm.function": f"'os:system' is not allowed: allowed judge functions are "
+                                              f"['{JUDGE_OK}'] (admission.judge_functions)"}
+    # the same config is still a valid RunConfig for `turnrl train` on the command line
+    assert build_config(body).rewards.prm.function == "os:system"
+
+
+def test_an_allowed_judge_function_is_admitted(service: Service) -> None:
+    cfg = admitted(service, {"rewards": {"prm": {"type": "judge", "backend": "callable", "function": JUDGE_OK}}})
+    assert cfg["rewards"]["prm"]["function"] == JUDGE_OK
+
+
+def test_redis_server_binary_is_the_operators(service: Service) -> None:
+    errors = refused(service, {"replay": {"type": "redis", "server_binary": "/bin/sh"}})
+    assert errors == {"replay.server_binary": "'/bin/sh' is not allowed: the service's operator sets it "
+                                              "(admission.redis_server_binary='/opt/redis/bin/redis-server'); "
+                                              "remove it"}
+    cfg = admitted(service, {"replay": {"type": "redis"}})  # unset: the operator's binary is used
+    assert cfg["replay"]["server_binary"] == "/opt/redis/bin/redis-server"
+
+
+def test_replay_reaches_only_embedded_or_listed_redis(service: Service) -> None:
+    errors = refused(service, {"replay": {"type": "redis", "url": "redis://attacker.example:6379/0"}})
+    assert errors["replay.url"].startswith("'redis://attacker.example:6379/0' is not allowed: allowed are "
+                                           f"'embedded' and ['{REDIS_OK}']")
+    # an environment variable of the job, sent as a password: refused, and set by the service
+    errors = refused(service, {"replay": {"type": "redis", "url": REDIS_OK, "password_env": "TURNRL_SERVICE_TOKENS"}})
+    assert errors["replay.password_env"].startswith("'TURNRL_SERVICE_TOKENS' is not allowed")
+    cfg = admitted(service, {"replay": {"type": "redis", "url": REDIS_OK}})
+    assert cfg["replay"]["password_env"] == "REPLAY_REDIS_PASSWORD"
+
+
+@pytest.mark.parametrize("body, loc", [
+    ({"policy": {"path": "/etc"}}, "policy.path"),
+    ({"policy": {"path": "models/../outside/secret"}}, "policy.path"),
+    ({"policy": {"path": "models/escape"}}, "policy.path"),
+    ({"rewards": {"prm": {"type": "model", "path": "outside/secret"}}}, "rewards.prm.path"),
+    ({"rewards": {"prm": {"type": "model", "path": "models/policy", "train": {"init_from": "/"}}}},
+     "rewards.prm.train.init_from"),
+    ({"rewards": {"prm": {"type": "judge", "path": "gpt2"}}}, "rewards.prm.path"),
+    ({"env": {"type": "tool_use", "train_path": "data/link.jsonl", "heldout_path": "data/train.jsonl"}},
+     "env.train_path"),
+    ({"env": {"data": {"train_path": "data/train.jsonl", "heldout_path": "data/train.jsonl",
+                       "corpus_path": "/etc/passwd"}}}, "env.data.corpus_path"),
+    ({"policy": {"sft": {"env": {"data": {"train_path": "outside/stolen.jsonl", "heldout_path": "data/train.jsonl",
+                                          "corpus_path": "data/train.jsonl"}}}}}, "policy.sft.env.data.train_path"),
+    ({"policy": {"cache_dir": "/tmp/shared"}}, "policy.cache_dir"),
+    ({"policy": {"cache_dir": "../bobs-run/checkpoints"}}, "policy.cache_dir"),
+    ({"env": {"data": {"train_path": "data/train.jsonl", "heldout_path": "data/train.jsonl",
+                       "corpus_path": "data/train.jsonl", "index_cache_dir": "x/../../.."}}}, "env.data.index_cache_dir"),
+])
+def test_paths_outside_the_allowed_roots_are_422(service: Service, body: dict, loc: str) -> None:
+    errors = refused(service, body)
+    assert list(errors) == [loc] and "is not allowed" in errors[loc]
+
+
+def test_refusals_say_what_is_allowed(service: Service, roots: Path) -> None:
+    errors = refused(service, {"policy": {"path": "models/../outside/secret"}})
+    assert errors["policy.path"] == (
+        f"'models/../outside/secret' (resolves to {roots / 'outside' / 'secret'}) is not allowed: allowed are "
+        f"'builtin:tiny'; 'hub id Qwen/Qwen2.5-0.5B-Instruct'; a path under admission.model_roots "
+        f"['{roots / 'models'}']")
+    errors = refused(service, {"policy": {"cache_dir": "/tmp/shared"}})
+    assert errors["policy.cache_dir"] == ("'/tmp/shared' is not allowed: runs write only inside their own "
+                                          "directory; give a relative path without '..' (or leave it unset)")
+
+
+def test_allowed_reads_and_writes_resolve_into_place(service: Service, roots: Path) -> None:
+    data = {"train_path": "data/train.jsonl", "heldout_path": str(roots / "data" / "train.jsonl"),
+            "corpus_path": "data/train.jsonl"}
+    cfg = admitted(service, {"policy": {"path": "models/alias", "cache_dir": "cache/p"}, "env": {"data": data}})
+    run_dir = Path(cfg["output_dir"]) / cfg["name"]
+    assert cfg["policy"]["path"] == "models/alias"  # a symlink that stays inside the root
+    assert cfg["policy"]["cache_dir"] == str(run_dir / "cache" / "p")
+    assert cfg["env"]["data"]["index_cache_dir"] == str(run_dir / ".cache" / "search_index")  # the default, moved
+    defaults = admitted(service, {"policy": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}})
+    run_dir = Path(defaults["output_dir"]) / defaults["name"]
+    assert defaults["policy"]["cache_dir"] == str(run_dir / ".cache" / "turnrl" / "policies")
+    assert defaults["output_dir"] == str(service.state.manager.runs_dir) and defaults["progress"] == "log"
+
+
+def test_a_tenant_cache_is_per_token_name(tmp_path, roots: Path) -> None:
+    cfg = service_config(tmp_path, roots, admission={"cache_dir": str(tmp_path / "cache")})
+    adm = Admission(cfg)
+    run_cfg = adm.admit(build_config({}), {}, "alice", cfg.runs_path() / "run-1")
+    assert run_cfg.policy.cache_dir == str(tmp_path / "cache" / "alice" / "policies")
+
+
+@pytest.mark.parametrize("field", ["model_roots", "data_roots"])
+@pytest.mark.parametrize("root", ["{tmp}", "{tmp}/state/runs", "{tmp}/state/runs/some-run"])
+def test_read_roots_overlapping_the_runs_fail_at_start(tmp_path, roots, field: str, root: str) -> None:
+    cfg = service_config(tmp_path, roots, admission={field: [root.format(tmp=tmp_path)]})
+    with pytest.raises(ServiceConfigError, match=rf"admission\.{field}: .* overlaps (state_dir|runs_dir)"):
+        Admission(cfg)
+
+
+def test_limits_name_the_limit(service: Service) -> None:
+    errors = refused(service, {"train": {"steps": 1001}})
+    assert errors == {"train.steps": "1001 steps exceed limits.max_steps=1000 for tenant 'alice'"}
+    assert refused(service, {"train": {"steps": 51}}, BOB) == {
+        "train.steps": "51 steps exceed limits.max_steps=50 for tenant 'bob'"}  # bob's override
+    # 3 x 0.5 (rollout) + 1 (learner) + 0.25 + 0.25 (reward, replay) + 4 x 0.25 (env actors) = 4.0: at the limit
+    at_limit = {"rollout": {"num_workers": 3, "env_actors": {"count": 4}}}
+    assert demand(build_config(at_limit)) == {"actors": 4 + 3 + 4, "cpus": 4.0, "gpus": 0}
+    errors = refused(service, at_limit)
+    assert errors == {"<root>": "the run asks for 11 actors (rollout.num_workers + rollout.env_actors.count + "
+                                "reward scorers/judges + 4); limits.max_actors=8 for tenant 'alice'"}
+    assert admitted(service, {"learner": {"num_cpus": 2.5}})["learner"]["num_cpus"] == 2.5  # 0.5+2.5+0.25+0.25=3.5
+    errors = refused(service, {"learner": {"num_cpus": 3.5}})  # ... 4.5 is not
+    assert errors == {"<root>": "the run asks for 4.5 cpus (the num_cpus of every actor); limits.max_cpus=4 "
+                                "for tenant 'alice'"}
+    errors = refused(service, {"rollout": {"engine": {"device": "cuda"}}})
+    assert errors == {"<root>": "the run asks for 1 gpus (rollout.num_workers when rollout.engine.device is not "
+                                "cpu); limits.max_gpus=0 for tenant 'alice'"}
+
+
+def test_concurrent_runs_over_the_limit_get_429(service: Service) -> None:
+    registry = service.state.manager.registry
+    for i in range(2):  # alice's limit is 2 active runs
+        registry.add(RunRecord(id=f"busy-{i}", owner="alice", name="busy", status="running", run_dir="/nonexistent",
+                               total_steps=1, created_at=1e12, updated_at=1e12))
+    try:
+        res = submit(service, {})
+        assert res.status_code == 429
+        assert res.json() == {"detail": "'alice' has 2 active runs; limits.max_concurrent_runs=2: wait for one "
+                                        "to finish or stop one"}
+        assert submit(service, {}, BOB).status_code == 503  # bob's own count is 0: admitted
+        assert submit(service, {}, VIEWER).status_code == 403
+    finally:
+        for i in range(2):
+            registry.delete(f"busy-{i}")
+
+
+# -- the rule list cannot rot ---------------------------------------------------------------
+SUSPICIOUS = re.compile(r"path|dir|file|binary|exe|function|callable|module|command|cmd|script|url|uri|"
+                        r"host|address|socket|env|plugin|import|class|hook")
+
+
+def _types(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, dict, tuple, set, frozenset):
+        return [annotation, *(t for a in typing.get_args(annotation) for t in _types(a))]
+    return [annotation]
+
+
+def _models(model: type[BaseModel], seen: dict[str, type[BaseModel]]) -> dict[str, type[BaseModel]]:
+    if model.__name__ in seen:
+        assert seen[model.__name__] is model, f"two RunConfig classes are called {model.__name__}"
+        return seen
+    seen[model.__name__] = model
+    for info in model.model_fields.values():
+        for t in _types(info.annotation):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                _models(t, seen)
+    return seen
+
+
+def _names_nothing(t: Any) -> bool:
+    """Numbers, flags, fixed choices and sections (walked themselves) cannot name code or a file."""
+    return (t in (int, float, bool, type(None)) or typing.get_origin(t) is typing.Literal
+            or isinstance(t, type) and issubclass(t, BaseModel))
+
+
+def test_every_free_text_or_path_like_field_is_classified() -> None:
+    models = _models(RunConfig, {})
+    unclassified = []
+    for cls_name, model in models.items():
+        for name, info in model.model_fields.items():
+            kinds = _types(info.annotation)
+            free_text = any(t is str or t is Any for t in kinds)
+            named_like = SUSPICIOUS.search(name) and not all(_names_nothing(t) for t in kinds[1:] or kinds)
+            if (free_text or named_like) and f"{cls_name}.{name}" not in RULES:
+                unclassified.append(f"{cls_name}.{name}: {info.annotation}")
+    assert unclassified == [], ("classify these in services/admission.py RULES (what they may reach, or "
+                                f"'inert' with why): {unclassified}")
+    stale = [key for key in RULES if key.split(".")[1] not in models.get(key.split(".")[0], BaseModel).model_fields]
+    assert stale == []
+    assert all(rule.why for rule in RULES.values() if rule.kind in ("inert", "service"))
+
+
+def test_admission_sees_every_classified_field_of_a_full_config(roots: Path, tmp_path) -> None:
+    """A config setting every sensitive field at once: each is checked where it is nested."""
+    bad = str(roots / "outside" / "secret")
+    body = {"policy": {"path": bad, "cache_dir": "/x", "sft": {"env": {"train_path": bad, "heldout_path": bad}}},
+            "env": {"type": "tool_use", "train_path": bad, "heldout_path": bad},
+            "rewards": {"prm": {"type": "judge", "backend": "callable", "function": "os:system", "path": bad}},
+            "replay": {"type": "redis", "url": "redis://x:1", "password_env": "HOME", "server_binary": "sh"}}
+    cfg = service_config(tmp_path, roots)
+    with pytest.raises(InvalidRunConfig) as err:
+        Admission(cfg).admit(build_config(body), body, "alice", cfg.runs_path() / "r")
+    assert sorted(e["loc"] for e in err.value.errors) == sorted([
+        "policy.path", "policy.cache_dir", "policy.sft.env.train_path", "policy.sft.env.heldout_path",
+        "env.train_path", "env.heldout_path", "rewards.prm.path", "rewards.prm.function", "replay.url",
+        "replay.password_env", "replay.server_binary"])
