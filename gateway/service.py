@@ -1,0 +1,248 @@
+"""The live service: OpenAI requests in, engine calls, recorded sessions out to replay.
+
+``LiveService`` is the gateway minus HTTP (``gateway.app`` adds the routes). Per chat request:
+parse and validate (400 naming the parameter), check replay's room for live groups (only with
+``when_full: reject``: 429), build the prompt in token space through the session recorder,
+sample through the engine client (the same engine group the rollout workers use), answer,
+record. Sessions close on ``end`` plus feedback, or after ``feedback_timeout_s`` idle; a
+closed session's segments go to the reward service as groups of one, which scores them with
+the sources that apply and puts them into replay unscheduled (they never take a rollout
+producer's reservation). A refused put sheds the recording, counted; serving never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol
+
+from gateway.config import LiveConfig
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.feedback import apply_feedback
+from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, Usage, \
+    parse_chat_request
+from gateway.responses import ChoiceStream, chat_completion
+from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
+from gateway.toolcalls import template_messages
+from rollout.engines.base import Completion, SamplingParams, add_span
+from rollout.engines.client import EngineClient
+from rollout.trajectory import Group
+
+EPISODE_RESULTS = ("recorded", "shed", "dropped_no_feedback", "dropped_unscorable", "client_disconnected")
+
+
+class Overloaded(GatewayError):
+    """Replay has no room for live recordings and the run rejects rather than sheds."""
+
+    status = 429
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(None, "the run's replay budget for live traffic is full; retry later")
+        self.retry_after_s = retry_after_s
+
+
+class LivePorts(Protocol):
+    async def submit(self, group: Group) -> str:
+        """Score a live group and put it into replay unscheduled; returns the put status."""
+        ...
+
+    async def live_room(self) -> int:
+        """How many more live groups replay would accept now."""
+        ...
+
+
+@dataclass
+class _Call:
+    req: ChatCompletionRequest
+    prepared: PreparedPrompt
+    params: SamplingParams
+    completion_id: str
+    created: int
+
+
+class LiveService:
+    def __init__(self, cfg: LiveConfig, engine: EngineClient, ports: LivePorts | None,
+                 scorable_without_feedback: bool = False) -> None:
+        self.cfg, self.engine, self.ports = cfg, engine, ports
+        self.scorable_without_feedback = scorable_without_feedback
+        self.recorder = SessionRecorder(engine.tokenizer)
+        self._feedback: set[str] = set()
+        self._episodes = dict.fromkeys(EPISODE_RESULTS, 0)
+        self._feedback_counts = {"received": 0, "invalid": 0, "timed_out": 0}
+        self._pending: set[asyncio.Task] = set()
+
+    # -- chat ------------------------------------------------------------------------------
+    async def open_call(self, body: Any, session_header: str | None) -> _Call:
+        req = parse_chat_request(body)
+        if self.cfg.when_full == "reject" and self.ports is not None and await self.ports.live_room() <= 0:
+            raise Overloaded(self.cfg.retry_after_s)
+        sid = session_id_for(session_header, req.user)
+        self._make_room(sid)
+        prepared = self.recorder.prepare(sid, template_messages(req.messages), req.tool_dicts())
+        max_new = req.max_new_tokens(self.cfg.default_max_tokens)
+        if len(prepared.prompt_ids) + max_new > self.cfg.max_context_tokens:
+            raise InvalidRequest("messages", f"the conversation is {len(prepared.prompt_ids)} tokens; with "
+                                 f"max_tokens {max_new} it exceeds the server's context of "
+                                 f"{self.cfg.max_context_tokens} tokens")
+        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_new,
+                                stop_token_ids=req.stop_token_ids(self.engine.tokenizer), n=req.n)
+        return _Call(req, prepared, params, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+
+    async def complete(self, call: _Call) -> dict[str, Any]:
+        comps = await self.engine.generate_n(call.prepared.prompt_ids, call.params,
+                                             session_id=call.prepared.session_id)
+        response, replies = chat_completion(
+            self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
+            len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs)
+        self.recorder.record(call.prepared, comps, replies)
+        return response.wire()
+
+    async def stream(self, call: _Call) -> AsyncIterator[ChatCompletionChunk]:
+        """Chunks of all ``n`` choices as they are sampled; records when every choice ends.
+        A consumer that stops early aborts the engine requests and records nothing."""
+        tok, n = self.engine.tokenizer, call.params.n
+        outs = [ChoiceStream(tok, call.completion_id, i, bool(call.prepared.tools), call.req.logprobs)
+                for i in range(n)]
+        comps = [Completion(f"{call.completion_id}-{i}", [], [], "length", []) for i in range(n)]
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for chunk in self.engine.stream(call.prepared.prompt_ids, call.params, comps[i].request_id,
+                                                      session_id=call.prepared.session_id):
+                    await queue.put((i, chunk))
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
+                await queue.put((i, exc))
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(n)]
+        finished = 0
+        try:
+            while finished < n:
+                i, chunk = await queue.get()
+                if isinstance(chunk, BaseException):
+                    raise chunk
+                for tid in chunk.token_ids:
+                    add_span(comps[i].version_spans, len(comps[i].token_ids), chunk.version)
+                    comps[i].token_ids.append(tid)
+                comps[i].logprobs += chunk.logprobs
+                choices = outs[i].push(chunk.token_ids, chunk.logprobs) if chunk.token_ids else []
+                if chunk.finish_reason is not None:
+                    comps[i].finish_reason = chunk.finish_reason
+                    if not comps[i].version_spans:
+                        comps[i].version_spans.append((0, chunk.version))
+                    closing, _ = outs[i].finish(chunk.finish_reason)
+                    choices += closing
+                    finished += 1
+                if choices:
+                    yield self._chunk(call, choices)
+        except BaseException:
+            self._episodes["client_disconnected"] += finished < n
+            raise
+        finally:
+            for t in tasks:
+                t.cancel()
+        replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
+        self.recorder.record(call.prepared, comps, replies)
+        if call.req.stream_options is not None and call.req.stream_options.include_usage:
+            done = sum(len(c.token_ids) for c in comps)
+            p = len(call.prepared.prompt_ids)
+            yield ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
+                                      choices=[], usage=Usage(prompt_tokens=p, completion_tokens=done,
+                                                              total_tokens=p + done))
+
+    def _chunk(self, call: _Call, choices: list[Any]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
+                                   choices=choices)
+
+    def models(self) -> dict[str, Any]:
+        card = ModelCard(id=self.cfg.model_name, created=0, version=self.engine.version)
+        return ModelList(data=[card]).wire()
+
+    # -- sessions --------------------------------------------------------------------------
+    def feedback(self, session_id: str, body: Any) -> dict[str, Any]:
+        try:
+            fb = apply_feedback(self.recorder, session_id, body)
+        except GatewayError:
+            self._feedback_counts["invalid"] += 1
+            raise
+        self._feedback_counts["received"] += 1
+        self._feedback.add(session_id)
+        session = self.recorder.get(session_id)
+        if session.ended:
+            self._spawn(self._close(session_id))
+        return {"session_id": session_id, "turns": session.num_turns(), "outcome": fb.outcome,
+                "submitted": session.ended}
+
+    def end(self, session_id: str) -> dict[str, Any]:
+        self.recorder.end(session_id)
+        session = self.recorder.get(session_id)
+        has_feedback = session_id in self._feedback
+        if has_feedback:
+            self._spawn(self._close(session_id))
+        return {"session_id": session_id, "turns": session.num_turns(), "submitted": has_feedback}
+
+    async def sweep(self) -> int:
+        """Close sessions idle past ``feedback_timeout_s``; returns how many."""
+        idle = self.recorder.idle(self.cfg.feedback_timeout_s)
+        for sid in idle:
+            await self._close(sid, timed_out=True)
+        return len(idle)
+
+    def _make_room(self, session_id: str) -> None:
+        try:
+            self.recorder.get(session_id)
+            return
+        except GatewayError:
+            pass
+        while self.stats()["sessions_open"] >= self.cfg.max_sessions:
+            oldest = self.recorder.idle(0.0)[0]
+            self._spawn(self._close(oldest, timed_out=True))
+            self.recorder.get(oldest).ended = True
+            self._spawn_close_now(oldest)
+
+    def _spawn_close_now(self, session_id: str) -> None:
+        """Take a session out of the table at once (its submission runs in the background)."""
+        # _close pops it synchronously before its first await, so this is only a guard.
+        if session_id in self.recorder._sessions:  # noqa: SLF001 - same package
+            self.recorder.close(session_id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _close(self, session_id: str, timed_out: bool = False) -> None:
+        try:
+            segments = self.recorder.close(session_id)
+        except GatewayError:
+            return  # closed already (end and feedback raced, or evicted)
+        had_feedback = session_id in self._feedback
+        self._feedback.discard(session_id)
+        if timed_out and not had_feedback:
+            self._feedback_counts["timed_out"] += 1
+            if self.cfg.on_timeout == "drop":
+                self._episodes["dropped_no_feedback"] += len(segments)
+                return
+            if not self.scorable_without_feedback:
+                self._episodes["dropped_unscorable"] += len(segments)
+                return
+        for seg in segments:
+            traj = seg.trajectory
+            if self.ports is None:
+                self._episodes["shed"] += 1
+                continue
+            status = await self.ports.submit(Group(group_id=traj.group_id, task_id=traj.task_id,
+                                                   trajectories=[traj]))
+            self._episodes["recorded" if status == "accepted" else "shed"] += 1
+
+    async def drain(self) -> None:
+        """Wait for background submissions (tests, shutdown)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {"sessions_open": len(self.recorder._sessions),  # noqa: SLF001 - same package
+                "episodes": dict(self._episodes), "feedback": dict(self._feedback_counts),
+                "recorder": self.recorder.counters, "version": self.engine.version}
