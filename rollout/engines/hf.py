@@ -142,10 +142,10 @@ class HFEngine(Engine):
         reasons: list[str | None] = [None] * n
         for _ in range(max(limits)):
             tok, lp = sample_tokens(out.logits[:, -1], temps, top_p, self._gen)
-            for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
+            for i, (t, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
                 if reasons[i] is None:
                     toks[i].append(t)
-                    lps[i].append(l)
+                    lps[i].append(logp)
                     if t in stops[i]:
                         reasons[i] = "stop"
                     elif len(toks[i]) >= limits[i]:
@@ -161,7 +161,7 @@ class HFEngine(Engine):
         self._stats["batches"] += 1
         self._stats["rows"] += n
         self._stats["decode_s"] += dt
-        return [Completion(t, l, r or "length", self._version, {"generate": dt}) for t, l, r in zip(toks, lps, reasons)]
+        return [Completion(t, logps, r or "length", self._version, {"generate": dt}) for t, logps, r in zip(toks, lps, reasons)]
 
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
