@@ -35,6 +35,7 @@ demo: venv
 	$(PY) -m cluster.cli train configs/demo.yaml $(ARGS)
 
 test: venv test-deps
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
 
 test-fast: venv

@@ -48,6 +48,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 # Subcommands implemented elsewhere: name -> (module with main(argv) -> int, help line).
 DELEGATED = {
+    "eval": ("cluster.eval_cli", "held-out success of a checkpoint: eval CONFIG --checkpoint PATH"),
     "advantages": ("learner.advantages.tool", "compute advantages for a JSONL of turns (docs/advantages.md)"),
     "rewards": ("cluster.rewards_cli", "score logged trajectories offline: rewards score CONFIG --input --output"),
     "prm": ("cluster.rewards_cli", "process reward models: prm train CONFIG"),

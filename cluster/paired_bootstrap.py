@@ -1,4 +1,5 @@
-"""Paired bootstrap of a difference in per-task success rates. Pure numpy."""
+"""Bootstrap intervals over tasks: of a success rate, and of a paired difference in success
+rates. Pure numpy."""
 
 from __future__ import annotations
 
@@ -27,15 +28,23 @@ class PairedDiff:
                 f"diff {self.diff:+.3f}, paired bootstrap 95% CI [{self.low:+.3f}, {self.high:+.3f}] ({verdict})")
 
 
+def bootstrap_mean_ci(values: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the mean of ``values`` (one per task), resampling tasks
+    with replacement."""
+    values = np.asarray(values, float)
+    if values.ndim != 1 or len(values) == 0:
+        raise ValueError(f"need a non-empty 1-D array of per-task values, got shape {values.shape}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(resamples, len(values)))
+    low, high = np.percentile(values[idx].mean(axis=1), [2.5, 97.5])
+    return float(low), float(high)
+
+
 def paired_bootstrap(before: np.ndarray, after: np.ndarray, resamples: int = 2000, seed: int = 0) -> PairedDiff:
     """``before``/``after``: success per task, same task order. Resamples tasks with replacement."""
     before, after = np.asarray(before, float), np.asarray(after, float)
     if before.shape != after.shape or before.ndim != 1 or len(before) == 0:
         raise ValueError(f"need two equal-length 1-D arrays, got {before.shape} and {after.shape}")
     diffs = after - before
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(diffs), size=(resamples, len(diffs)))
-    means = diffs[idx].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return PairedDiff(len(diffs), float(before.mean()), float(after.mean()), float(diffs.mean()),
-                      float(low), float(high))
+    low, high = bootstrap_mean_ci(diffs, resamples, seed)
+    return PairedDiff(len(diffs), float(before.mean()), float(after.mean()), float(diffs.mean()), low, high)

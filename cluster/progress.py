@@ -71,6 +71,17 @@ _PANELS = (  # (title, [(metrics key, label)], y label)
 
 def plot_curves(metrics_path: Path, out_png: Path, eval_points: list[tuple[float, float]] = (),
                 window: int = 10) -> Path:
+    """``curves_figure`` of the metrics log, saved as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(read_metrics(metrics_path), eval_points, window)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def curves_figure(rows: list[dict[str, Any]], eval_points: list[tuple[float, float]] = (),
+                  window: int = 10) -> Any:
     """Per-step training metrics (faint) with their ``window``-step rolling mean against
     trajectories trained; held-out points (samples, success) as markers on the first panel."""
     import matplotlib
@@ -78,7 +89,6 @@ def plot_curves(metrics_path: Path, out_png: Path, eval_points: list[tuple[float
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(metrics_path)
     samples, acc = [], 0.0
     for r in rows:
         acc += r.get("samples", 0.0)
@@ -99,6 +109,4 @@ def plot_curves(metrics_path: Path, out_png: Path, eval_points: list[tuple[float
     for ax in axes:
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return fig

@@ -205,6 +205,16 @@ class TaskSource(ABC):
         """Whether ``answer`` solves ``task``: normalised exact match against gold_answers."""
         return exact_match(answer, task.gold_answers)
 
+    def episode_metrics(self, task: Task, answer: str | None, calls: list[ToolCall],
+                        labels: list[float]) -> dict[str, float]:
+        """The environment's own measures of one episode beyond success (``turnrl eval``
+        averages them): tool calls made and, when steps carry labels (``info["label"]``, 1 for
+        a step that made progress as the environment defines it), the fraction labelled 1."""
+        out = {"tool_calls": float(len(calls))}
+        if labels:
+            out["useful_step_rate"] = sum(labels) / len(labels)
+        return out
+
 
 SPLITS = ("train", "heldout")
 

@@ -42,6 +42,13 @@ class ReplayConfig(BaseModel):
     """Redis only: an unreachable server fails the run after this long, naming the URL."""
     socket_timeout_s: float = Field(30.0, gt=0)
     """Redis only: longest wait for one reply (a claim carries whole groups)."""
+    retry_s: float = Field(30.0, ge=0)
+    """Redis only: after a dropped connection, a timeout or a restarting server, a command is
+    re-sent with exponential backoff (0.1 s doubling to 2 s) for about this long before the run
+    fails; 0 never re-sends. Safe for every operation: each call carries its own id and the
+    store's scripts run at most once per id, so a re-sent command whose reply was lost returns
+    that reply instead of running again. A server that cannot be reached at start-up still
+    fails within ``connect_timeout_s``."""
     compress: bool = False
     """Redis only: zlib-compress (level 1) group payloads. Halves Redis memory and network bytes
     for token data but costs about twice the JSON encoding time; worth it on a remote Redis

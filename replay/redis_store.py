@@ -15,6 +15,7 @@ Key layout, one run (``P`` = ``{key_prefix}:{<run_id>}:``, e.g. ``turnrl:{run-7}
     P refused    HASH   reason -> puts refused (full, stale, duplicate)
     P evicted    HASH   reason -> groups removed untrained (stale)
     P staleness  HASH   staleness at claim -> groups claimed
+    P op:<id>    STRING one call's script reply, kept (with a TTL) for a re-sent command
 
 Why lists and hashes rather than a Stream with a consumer group: a claim must take exactly B
 groups or none, skip and count stale ones, and be requeued in order by ``recover()``; XREADGROUP
@@ -34,9 +35,13 @@ transcription against the Python functions on a grid of inputs.
 Delivery: a claim moves ids from ``ready`` to ``claims``; ``ack`` moves them to ``acked`` and
 counts them trained; ``commit(v)`` unlinks the payloads of claims acknowledged at or before
 ``v`` (a checkpoint holds their update); ``recover(v)`` puts every unacknowledged claim, and
-every claim acknowledged after ``v``, back at the head of ``ready`` in claim order. ``seen`` makes a re-put (a producer retrying after a lost
-reply) a counted duplicate, never a second copy. The client does not retry by itself: a
-script that ran but whose reply was lost must not run twice (see docs/replay.md).
+every claim acknowledged after ``v``, back at the head of ``ready`` in claim order. ``seen`` makes
+a second put of one group id a counted duplicate, never a second copy.
+
+Retries: the client re-sends a command after a dropped connection, a timeout or a restarting
+server, with exponential backoff for up to ``replay.retry_s``. Each call carries an operation id
+of its own, and the scripts (replay/redis_scripts.py) run at most once per id, so a re-sent
+script whose first run's reply was lost returns that run's reply and changes nothing.
 """
 
 from __future__ import annotations
@@ -49,193 +54,20 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from replay.base import Claim, PutResult, ReplayStats, ReplayStore
 from replay.config import ReplayConfig
+from replay.redis_scripts import KEY_NAMES, SCRIPTS
 from replay.redis_server import RedisServer, ensure_embedded
 from rollout.trajectory import Group
 
-KEY_NAMES = ("ready", "ready_ver", "gver", "gbytes", "seen", "claims", "stats", "refused",
-             "evicted", "staleness", "acked", "g:")
-"""Passed to every script as KEYS, in this order; the last is the prefix of payload keys."""
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 class ReplayConnectionError(ConnectionError):
     """Redis is unreachable or refused our credentials."""
-
-
-# -- Lua -----------------------------------------------------------------------------------
-_RULES = """
--- Transcribed from replay/admission.py; keep the two in step (a test compares them).
-local function admission_capacity(max_concurrent, running, eta, version, batch_groups, accepted)
-  local by_concurrency = max_concurrent - running
-  local by_staleness = (eta + version + 1) * batch_groups - (accepted + running)
-  return math.max(0, math.min(by_concurrency, by_staleness))
-end
-local function staleness(learner_version, group_version)
-  return math.max(0, learner_version - group_version)
-end
-local function is_stale(learner_version, group_version, eta)
-  return staleness(learner_version, group_version) > eta
-end
-"""
-
-_PRELUDE = _RULES + """
-local ready, ready_ver, gver, gbytes, seen, claims, stats, refused, evicted, hist, acked, gkey =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
-  KEYS[11], KEYS[12]
-local function num(v) return tonumber(v) or 0 end
-local function add(key, field, n)  -- HINCRBY, but Lua renders -0 as "-0", which Redis refuses
-  if n ~= 0 then redis.call('HINCRBY', key, field, n) end
-end
-local function stat(name) return num(redis.call('HGET', stats, name)) end
-local function release(n)
-  redis.call('HSET', stats, 'running', math.max(0, stat('running') - n))
-end
-local function drop_payload(gid)
-  redis.call('UNLINK', gkey .. gid)  -- a background thread frees the megabyte
-  redis.call('HDEL', gbytes, gid)
-end
-local function forget(gid)  -- drop a held group's data, keeping its id in `seen`
-  add(stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
-  redis.call('HDEL', gver, gid)
-  drop_payload(gid)
-end
-local function commit(v)  -- forget the retained groups of claims acknowledged at or before v
-  local flat, n = redis.call('HGETALL', acked), 0
-  for i = 1, #flat, 2 do
-    local rec = cjson.decode(flat[i + 1])
-    if rec[1] <= v then
-      for _, gid in ipairs(rec[2]) do drop_payload(gid) end
-      redis.call('HDEL', acked, flat[i])
-      n = n + #rec[2]
-    end
-  end
-  add(stats, 'retained', -n)
-  return n
-end
-"""
-
-_SCRIPTS = {
-    "reserve": """
-local running = stat('running')
-local granted = math.min(tonumber(ARGV[1]), admission_capacity(tonumber(ARGV[2]), running,
-  tonumber(ARGV[3]), stat('version'), tonumber(ARGV[4]), stat('accepted')))
-redis.call('HSET', stats, 'running', running + granted)
-return granted
-""",
-    "release": "release(tonumber(ARGV[1])) return 0",
-    "put": """
-local gid, nbytes, v, staged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), KEYS[13]
-local function refuse(reason, detail)
-  redis.call('UNLINK', staged)
-  redis.call('HINCRBY', refused, reason, 1)
-  return {reason, detail}
-end
-if redis.call('SISMEMBER', seen, gid) == 1 then
-  return refuse('duplicate', 'group ' .. gid .. ' was already accepted')
-end
-local held, bytes = redis.call('HLEN', gver), stat('bytes')
-if held >= tonumber(ARGV[4]) or bytes + nbytes > tonumber(ARGV[5]) then
-  return refuse('full', held .. ' groups / ' .. bytes .. ' bytes held')
-end
-release(1)  -- the group is finished, whatever happens next: its reservation ends here
-local version, eta = stat('version'), tonumber(ARGV[6])
-if is_stale(version, v, eta) then
-  return refuse('stale', 'group version ' .. v .. ' < ' .. (version - eta))
-end
-redis.call('SADD', seen, gid)
-redis.call('RPUSH', ready, gid)
-redis.call('ZADD', ready_ver, v, gid)
-redis.call('RENAME', staged, gkey .. gid)
-redis.call('HSET', gver, gid, v)
-redis.call('HSET', gbytes, gid, nbytes)
-redis.call('HINCRBY', stats, 'accepted', 1)
-redis.call('HINCRBY', stats, 'bytes', nbytes)
-return {'accepted', ''}
-""",
-    "claim": """
-local n, eta, version = tonumber(ARGV[1]), tonumber(ARGV[2]), stat('version')
-for _, gid in ipairs(redis.call('ZRANGEBYSCORE', ready_ver, '-inf', '(' .. (version - eta))) do
-  if is_stale(version, num(redis.call('HGET', gver, gid)), eta) then
-    redis.call('LREM', ready, 1, gid)
-    redis.call('ZREM', ready_ver, gid)
-    forget(gid)
-    redis.call('HINCRBY', evicted, 'stale', 1)
-  end
-end
-if redis.call('LLEN', ready) < n then return false end
-local gids = redis.call('LPOP', ready, n)
-local cid = 'c' .. (redis.call('HINCRBY', stats, 'claim_seq', 1) - 1)
-local ages = {}
-for i, gid in ipairs(gids) do
-  redis.call('ZREM', ready_ver, gid)
-  ages[i] = staleness(version, num(redis.call('HGET', gver, gid)))
-  redis.call('HINCRBY', hist, ages[i], 1)
-end
-redis.call('HSET', claims, cid, cjson.encode(gids))
-return {cid, gids, ages}
-""",
-    "ack": """
-local raw = redis.call('HGET', claims, ARGV[1])
-if not raw then return false end
-local gids, vers = cjson.decode(raw), {}
-for i, gid in ipairs(gids) do  -- no longer held (bytes, gver); payload retained until commit
-  vers[i] = num(redis.call('HGET', gver, gid))
-  add(stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
-  redis.call('HDEL', gver, gid)
-end
-redis.call('HDEL', claims, ARGV[1])
-redis.call('HSET', acked, ARGV[1], cjson.encode({tonumber(ARGV[2]), gids, vers}))
-redis.call('HINCRBY', stats, 'trained', #gids)
-redis.call('HINCRBY', stats, 'retained', #gids)
-if tonumber(ARGV[2]) > stat('version') then redis.call('HSET', stats, 'version', ARGV[2]) end
-return #gids
-""",
-    "commit": "return commit(tonumber(ARGV[1]))",
-    "recover": """
-local order, requeued = {}, 0
-local function seq(cid) return tonumber(string.sub(cid, 2)) end
-local flat = redis.call('HGETALL', claims)
-for i = 1, #flat, 2 do
-  local gids, vers = cjson.decode(flat[i + 1]), {}
-  for j, gid in ipairs(gids) do vers[j] = num(redis.call('HGET', gver, gid)) end
-  order[#order + 1] = {seq(flat[i]), gids, vers}
-end
-redis.call('DEL', claims)
-if ARGV[1] ~= '' then  -- rewind to the checkpoint: claims trained after it are delivered again
-  local v, back = tonumber(ARGV[1]), 0
-  commit(v)
-  flat = redis.call('HGETALL', acked)
-  for i = 1, #flat, 2 do
-    local rec = cjson.decode(flat[i + 1])
-    order[#order + 1] = {seq(flat[i]), rec[2], rec[3]}
-    for j, gid in ipairs(rec[2]) do
-      redis.call('HSET', gver, gid, rec[3][j])
-      redis.call('HINCRBY', stats, 'bytes', num(redis.call('HGET', gbytes, gid)))
-    end
-    back = back + #rec[2]
-  end
-  redis.call('DEL', acked)
-  add(stats, 'trained', -back)
-  add(stats, 'retained', -back)
-  redis.call('HSET', stats, 'version', v)
-end
--- newest claim first and each claim back to front: LPUSH then leaves the oldest at the head
-table.sort(order, function(a, b) return a[1] > b[1] end)
-for _, c in ipairs(order) do
-  for i = #c[2], 1, -1 do
-    redis.call('LPUSH', ready, c[2][i])
-    redis.call('ZADD', ready_ver, c[3][i], c[2][i])
-    requeued = requeued + 1
-  end
-end
-return requeued
-""",
-}
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -256,12 +88,36 @@ def run_keys(key_prefix: str, run_id: str) -> list[str]:
     return [f"{key_prefix}:{{{run_id}}}:{name}" for name in KEY_NAMES]
 
 
+_BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 2.0
+
+
+def retry_policy(cfg: ReplayConfig) -> Retry:
+    """Exponential backoff (0.1 s, 0.2 s, ... capped at 2 s) whose sleeps add up to at least
+    ``cfg.retry_s``, on connection errors and timeouts (a restarting server's LOADING reply is
+    a ConnectionError too). Each attempt may add up to a connect or socket timeout."""
+    retries, slept = 0, 0.0
+    while slept < cfg.retry_s:
+        retries += 1
+        slept += min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2**retries)
+    return Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), retries,
+                 supported_errors=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
+
+
+def op_ttl_s(cfg: ReplayConfig) -> int:
+    """How long a script's reply is kept for re-sent requests: longer than any retry lasts
+    (every attempt may wait a connect and a socket timeout, plus the backoff sleeps)."""
+    attempts = retry_policy(cfg).get_retries() + 1
+    return int(cfg.retry_s + attempts * (cfg.connect_timeout_s + cfg.socket_timeout_s)) + 60
+
+
 def connect(url: str, cfg: ReplayConfig) -> redis.Redis:
-    """A client that answered PING, or ReplayConnectionError within ~connect_timeout_s."""
+    """A client that answered PING, or ReplayConnectionError within ~connect_timeout_s; it
+    then retries per ``retry_policy`` (a server that was never up fails fast, one that goes
+    away mid-run is waited for)."""
     kwargs: dict[str, object] = {
         "socket_connect_timeout": cfg.connect_timeout_s,
         "socket_timeout": cfg.socket_timeout_s,
-        "retry": Retry(NoBackoff(), 0),  # scripts are not idempotent: never re-run on a lost reply
+        "retry": Retry(NoBackoff(), 0),
     }
     if cfg.password_env:
         if cfg.password_env not in os.environ:
@@ -276,6 +132,7 @@ def connect(url: str, cfg: ReplayConfig) -> redis.Redis:
             "replay.url, replay.password_env and that the server is up"
         ) from None  # the chained exception may carry connection arguments
     _refuse_evicting_server(client, url)
+    client.set_retry(retry_policy(cfg))
     return client
 
 
@@ -350,16 +207,21 @@ class RedisReplayStore(ReplayStore):
         except ReplayConnectionError:
             self.close()
             raise
-        self._scripts = {name: self._r.register_script(_PRELUDE + body)
-                         for name, body in _SCRIPTS.items()}
-        self._put_lua = _PRELUDE + _SCRIPTS["put"]
+        self._scripts = {name: self._r.register_script(text) for name, text in SCRIPTS.items()}
+        self._op_ttl = op_ttl_s(cfg)
 
     def __reduce__(self) -> tuple[object, ...]:
         # Another process (a Ray actor) reconnects; an embedded server stays with its starter.
         return (_reopen, (self.cfg, self.batch_groups, self.run_dir, self.run_id))
 
-    def _run(self, name: str, *args: object) -> object:
-        return self._scripts[name](keys=self.keys, args=list(args))
+    def _op_key(self, op_id: str | None) -> str:
+        """The key a script's reply is kept under: one fresh id per call, so redis-py's
+        re-sent command (same id) is recognised and a new call (new id) is not."""
+        return f"{self._prefix}op:{op_id or uuid.uuid4().hex}"
+
+    def _run(self, name: str, *args: object, op_id: str | None = None) -> object:
+        return self._scripts[name](keys=[*self.keys, self._op_key(op_id)],
+                                   args=[*args, self._op_ttl])
 
     # -- producers -------------------------------------------------------------------------
     def reserve(self, n: int) -> int:
@@ -371,16 +233,17 @@ class RedisReplayStore(ReplayStore):
     def release(self, n: int) -> None:
         self._run("release", n)
 
-    def put(self, group: Group) -> PutResult:
+    def put(self, group: Group, *, op_id: str | None = None) -> PutResult:
         payload, nbytes = encode_group(group, self.cfg.compress)
-        staged = f"{self._prefix}stage:{uuid.uuid4().hex}"
+        op_id = op_id or uuid.uuid4().hex
+        staged = f"{self._prefix}stage:{op_id}"
+        keys = [*self.keys, self._op_key(op_id), staged]
         pipe = self._r.pipeline(transaction=True)  # SET + script: no staging key outlives EXEC
         pipe.set(staged, payload)
         # EVAL, not EVALSHA: a NOSCRIPT error inside MULTI would leave the staging key behind.
-        pipe.eval(self._put_lua, len(self.keys) + 1, *self.keys, staged, group.group_id, nbytes,
-                  group.min_version(), self.cfg.capacity_groups, self.cfg.capacity_bytes,
-                  self.cfg.eta)
-        _, (status, detail) = pipe.execute()
+        pipe.eval(SCRIPTS["put"], len(keys), *keys, group.group_id, nbytes, group.min_version(),
+                  self.cfg.capacity_groups, self.cfg.capacity_bytes, self.cfg.eta, self._op_ttl)
+        _, (status, detail) = pipe.execute()  # a re-sent MULTI re-runs both: see "put"'s on_replay
         return PutResult(status.decode(), detail.decode())
 
     # -- learner ---------------------------------------------------------------------------

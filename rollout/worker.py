@@ -110,12 +110,25 @@ class RolloutWorker:
         """Success per task (mean over ``samples``) with the newest weights."""
         await self.engine.sync_weights()
         params = self._params(temperature)
-        groups = await asyncio.gather(*[self.run_group(t, samples, params, count=False) for t in tasks])
-        return [
-            {"task_id": g.task_id, "success": sum(t.success for t in g.trajectories) / samples,
-             "turns": sum(len(t.turns) for t in g.trajectories) / samples, "version": g.min_version()}
-            for g in groups
+        return list(await asyncio.gather(*[self.score_task(t, samples, params) for t in tasks]))
+
+    async def score_task(self, task: Task, samples: int, params: SamplingParams) -> dict[str, Any]:
+        """One task's ``samples`` episodes with the weights serving now: mean success and
+        turns, each sample's success, and the environment's own metrics averaged."""
+        group = await self.run_group(task, samples, params, count=False)
+        per_episode = [
+            self.source.episode_metrics(task, t.answer, [c for turn in t.turns for c in turn.tool_calls],
+                                        t.metadata.get("labels", []))
+            for t in group.trajectories
         ]
+        metrics: dict[str, float] = {}
+        for name in sorted({k for m in per_episode for k in m}):
+            values = [m[name] for m in per_episode if name in m]  # e.g. label rates need labels
+            metrics[name] = sum(values) / len(values)
+        return {"task_id": task.task_id, "success": sum(t.success for t in group.trajectories) / samples,
+                "turns": sum(len(t.turns) for t in group.trajectories) / samples,
+                "version": group.min_version(), "samples": [float(t.success) for t in group.trajectories],
+                "metrics": metrics}
 
     def stop(self) -> None:
         self._stop.set()

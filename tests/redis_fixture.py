@@ -14,21 +14,22 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # when run as a script, and under a bare `pytest` binary
     sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
-import redis  # noqa: E402
 
 from replay.config import ReplayConfig  # noqa: E402
 from replay.redis_server import RedisServer, find_redis_server  # noqa: E402
-from replay.redis_store import RedisReplayStore, ReplayConnectionError  # noqa: E402
+from replay.redis_store import RedisReplayStore  # noqa: E402
 from rollout.trajectory import Group, Trajectory, Turn  # noqa: E402
 
 
@@ -76,64 +77,105 @@ def make_group(group_id: str, version: int = 0, trajectories: int = 2, tokens: i
     return Group(group_id=group_id, task_id=f"task-{group_id}", trajectories=trajs)
 
 
-# -- crash-test roles (subprocesses) -------------------------------------------------------
-T = TypeVar("T")
-_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ReplayConnectionError)
+# -- lost replies ----------------------------------------------------------------------
+class ReplyDroppingProxy:
+    """A loopback TCP proxy in front of Redis that, once armed, forwards the next request
+    containing ``trigger`` (e.g. b"EVALSHA"), lets the server run it, and then closes the
+    client's connection without passing the reply on: a reply lost on the wire, for real."""
 
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.trigger: bytes | None = None
+        self.dropped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
 
-def retry(fn: Callable[[], T], timeout_s: float = 30.0) -> T:
-    """Call ``fn`` until Redis answers (it may be down or replaying its AOF)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def arm(self, trigger: bytes) -> None:
+        self.trigger = trigger
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            cut = threading.Event()  # set: the server's replies on this pair go nowhere
+            threading.Thread(target=self._requests, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._replies, args=(server, client, cut), daemon=True).start()
+
+    def _requests(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
         try:
-            return fn()
-        except _DOWN:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            while data := client.recv(1 << 16):
+                if self.trigger is not None and self.trigger in data:
+                    self.trigger = None
+                    cut.set()
+                    server.sendall(data)
+                    time.sleep(0.2)  # the server runs the command and replies into the void
+                    self.dropped += 1
+                    break
+                server.sendall(data)
+        except OSError:
+            pass
+        _close(client, server)
+
+    @staticmethod
+    def _replies(server: socket.socket, client: socket.socket, cut: threading.Event) -> None:
+        try:
+            while (data := server.recv(1 << 16)) and not cut.is_set():
+                client.sendall(data)
+        except OSError:
+            pass
+        if not cut.is_set():
+            _close(client, server)
+
+    def close(self) -> None:
+        self.listener.close()
 
 
+def _close(*socks: socket.socket) -> None:
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+# -- crash-test roles (subprocesses) -------------------------------------------------------
+# They use the production client as it is: its own retries ride out the redis-server restart.
 def _open(args: argparse.Namespace) -> RedisReplayStore:
     cfg = ReplayConfig(type="redis", url=args.url, eta=1000, capacity_groups=16)
-    return retry(lambda: RedisReplayStore(cfg, 4, run_id=args.run_id))
+    return RedisReplayStore(cfg, 4, run_id=args.run_id)
 
 
 def _producer(args: argparse.Namespace) -> None:
     store = _open(args)
     with open(args.out, "a") as out:
         for i in range(args.n):
-            group = make_group(f"g{i:04d}", version=retry(store.version))
-            # A put whose reply was lost may have landed: the retry then says "duplicate".
-            while (status := retry(lambda: store.put(group).status)) == "full":
+            group = make_group(f"g{i:04d}", version=store.version())
+            while (status := store.put(group).status) == "full":
                 time.sleep(0.01)
-            assert status in ("accepted", "duplicate"), status
+            assert status == "accepted", status  # a re-sent put never reads as a duplicate
             out.write(group.group_id + "\n")
             out.flush()
             time.sleep(0.01)
-
-
-def _ack(store: RedisReplayStore, claim_id: str, version: int) -> None:
-    try:
-        retry(lambda: store.ack(claim_id, version))
-    except KeyError:
-        pass  # the first ack ran but its reply was lost; nobody else recovers our claims
-    retry(lambda: store.commit(version))  # as a learner that checkpoints every step (idempotent)
 
 
 def _learner(args: argparse.Namespace) -> None:
     store = _open(args)
     status = open(args.status, "a", buffering=1)
     if args.recover:
-        status.write(f"recovered {retry(store.recover)}\n")
+        status.write(f"recovered {store.recover()}\n")
     deadline = time.monotonic() + 60
-    while retry(store.stats).trained < args.target:
+    while store.stats().trained < args.target:
         assert time.monotonic() < deadline, "learner ran out of time"
-        try:
-            claim = store.claim(4)
-        except _DOWN:
-            # The claim may have run with its reply lost; we hold no other claim, so requeue.
-            retry(store.recover)
-            continue
+        claim = store.claim(4)
         if claim is None:
             time.sleep(0.01)
             continue
@@ -142,7 +184,9 @@ def _learner(args: argparse.Namespace) -> None:
             status.write(f"hang {' '.join(ids)}\n")
             time.sleep(600)  # mid-step: the test SIGKILLs us here
         time.sleep(0.01)  # the "optimizer step"
-        _ack(store, claim.claim_id, retry(store.version) + 1)
+        version = store.version() + 1
+        store.ack(claim.claim_id, version)  # a re-sent ack returns the first one's reply
+        store.commit(version)  # as a learner that checkpoints every step
         with open(args.out, "a") as out:  # trained only once acknowledged
             out.write("".join(f"{gid}\n" for gid in ids))
             out.flush()

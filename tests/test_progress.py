@@ -6,6 +6,8 @@ import json
 import math
 import struct
 
+import pytest
+
 from cluster.progress import plot_curves, rolling_mean
 
 
@@ -16,6 +18,10 @@ def test_rolling_mean_skips_nan_and_starts_short() -> None:
 
 
 def test_curves_png_has_three_panels_from_the_metrics(tmp_path) -> None:
+    import matplotlib.pyplot as plt
+
+    from cluster.progress import curves_figure
+
     rows = [{"step": i + 1, "samples": 32, "rollout/success_rate": i / 20, "reward/outcome_mean": i / 20,
              "rollout/turns_mean": 1.5 + i / 40, "rollout/invalid_rate": 0.1} for i in range(20)]
     metrics = tmp_path / "metrics.jsonl"
@@ -25,3 +31,17 @@ def test_curves_png_has_three_panels_from_the_metrics(tmp_path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1650, 418)  # 15 x 3.8 inches at 110 dpi: three panels side by side
+
+    fig = curves_figure(rows, [(0.0, 0.2), (640.0, 0.4)], window=10)
+    success, reward, behaviour = fig.axes
+    assert [ax.get_title() for ax in fig.axes] == ["success", "reward", "behaviour"]
+    x = [32.0 * (i + 1) for i in range(20)]  # cumulative trajectories trained
+    raw, mean, held_out = success.get_lines()
+    assert list(raw.get_xdata()) == x and list(raw.get_ydata()) == [i / 20 for i in range(20)]
+    # rolling mean of i/20 over 10 steps: step 20 averages i = 10..19 -> 14.5 / 20
+    assert mean.get_ydata()[-1] == pytest.approx(14.5 / 20) and mean.get_ydata()[0] == 0.0
+    assert list(held_out.get_xdata()) == [0.0, 640.0] and list(held_out.get_ydata()) == [0.2, 0.4]
+    assert list(reward.get_lines()[0].get_ydata()) == [i / 20 for i in range(20)]
+    turns, _, invalid, _ = behaviour.get_lines()  # raw and mean per series
+    assert turns.get_ydata()[-1] == pytest.approx(1.5 + 19 / 40) and set(invalid.get_ydata()) == {0.1}
+    plt.close(fig)

@@ -22,6 +22,7 @@ import pytest
 import redis
 from redis_fixture import (  # noqa: F401 (redis_server is a fixture)
     ROOT,
+    ReplyDroppingProxy,
     make_group,
     new_run_id,
     redis_server,
@@ -31,7 +32,8 @@ from redis_fixture import (  # noqa: F401 (redis_server is a fixture)
 from replay.admission import admission_capacity, is_stale, staleness
 from replay.config import ReplayConfig
 from replay.redis_server import RedisServer, free_port
-from replay.redis_store import _RULES, RedisReplayStore, ReplayConnectionError
+from replay.redis_scripts import RULES as _RULES
+from replay.redis_store import RedisReplayStore, ReplayConnectionError
 from replay.registry import make_store
 
 def open_store(url: str, run_id: str | None = None, batch_groups: int = 2,
@@ -230,6 +232,101 @@ def test_a_new_store_object_recovers_a_dead_learners_claim(redis_server: RedisSe
     assert [g.group_id for g in again.groups] == [g.group_id for g in lost.groups]
     restarted.ack(again.claim_id, new_version=1)
     assert (restarted.stats().trained, restarted.version()) == (2, 1)
+
+
+# -- retries and idempotent scripts ------------------------------------------------------
+def _snapshot(client: redis.Redis, run: str) -> dict[bytes, bytes]:
+    """Every key of the run but the operation replies, serialised: state and counters."""
+    return {k: client.dump(k) for k in client.scan_iter(match=f"turnrl:{{{run}}}:*")
+            if b":op:" not in k}
+
+
+def test_every_script_re_run_with_its_operation_id_changes_nothing(redis_server: RedisServer) -> None:
+    """What redis-py does after a lost reply: send the same script, same id, again. Each
+    second run must return the first run's reply and leave every key as it was."""
+    run = new_run_id()
+    store, client = open_store(redis_server.url, run), redis.Redis.from_url(redis_server.url)
+
+    def twice(op: str, call: Callable[[str], object]) -> object:
+        first = call(op)
+        before = _snapshot(client, run)
+        again = call(op)
+        assert again == first, op
+        assert _snapshot(client, run) == before, op
+        return first
+
+    assert twice("r1", lambda op: store._run("reserve", 3, 64, 1, 2, op_id=op)) == 3
+    assert twice("r2", lambda op: store._run("release", 1, op_id=op)) == 0
+    for gid in "abc":  # without once(): "duplicate", refused counted again
+        assert twice(f"p{gid}", lambda op: store.put(make_group(gid), op_id=op).status) == "accepted"
+    # 3 reserved - 1 released - 2 ended by accepted puts = 0; a re-run would have released more
+    assert store.stats().running == 0
+    cid, gids, ages = twice("c1", lambda op: store._run("claim", 2, 1, op_id=op))
+    assert (cid, gids, ages) == (b"c0", [b"a", b"b"], [0, 0])
+    assert twice("a1", lambda op: store._run("ack", "c0", 1, op_id=op)) == 2
+    assert twice("m1", lambda op: store._run("commit", 1, op_id=op)) == 2
+    twice("c2", lambda op: store._run("claim", 1, 1, op_id=op))
+    assert twice("v1", lambda op: store._run("recover", "", op_id=op)) == 1
+    s = store.stats()
+    assert (s.accepted, s.trained, s.ready, s.claimed, s.refused) == (3, 2, 1, 0, {})
+    assert list(client.scan_iter(match=f"turnrl:{{{run}}}:stage:*")) == []  # re-sent puts' staging
+
+
+@pytest.mark.parametrize("trigger", [b"EXEC", b"EVALSHA"])
+def test_a_lost_reply_is_re_sent_and_applied_once(redis_server: RedisServer, trigger: bytes) -> None:
+    """A proxy drops the connection after Redis ran the command (put's MULTI/EXEC, or any
+    other script's EVALSHA) and before its reply: the production client re-sends it, gets
+    the first run's reply, and the store counts the operation once."""
+    proxy, run = ReplyDroppingProxy(redis_server.port), new_run_id()
+    on_put, on_scripts = trigger == b"EXEC", trigger == b"EVALSHA"
+    try:
+        store = open_store(proxy.url, run)
+        if on_put:
+            proxy.arm(trigger)
+        assert store.put(make_group("a")).status == "accepted"  # not "duplicate"
+        store.put(make_group("b"))
+        # Load the claim and ack scripts first (a first EVALSHA only gets NOSCRIPT back), so
+        # the reply dropped below is that of a script that ran.
+        assert store.claim(3) is None
+        with pytest.raises(KeyError):
+            store.ack("c9", 1)
+        if on_scripts:
+            proxy.arm(trigger)
+        claim = store.claim(2)  # not a second claim of nothing, nor two claims
+        assert [g.group_id for g in claim.groups] == ["a", "b"]
+        if on_scripts:
+            proxy.arm(trigger)
+        store.ack(claim.claim_id, 1)  # not KeyError from the second run
+        assert proxy.dropped == (2 if on_scripts else 1)
+        s = store.stats()
+        assert (s.accepted, s.trained, s.refused, s.staleness_hist) == (2, 2, {}, {0: 2})
+    finally:
+        proxy.close()
+
+
+@requires_redis
+def test_the_client_waits_out_a_redis_restart(tmp_path: Path) -> None:
+    """redis-server dies and is back 1 s later: calls made meanwhile block and then succeed."""
+    server = RedisServer(tmp_path, appendonly=True, appendfsync="always").start()
+    try:
+        store = open_store(server.url)
+        store.put(make_group("a"))
+        server.kill()
+        threading.Timer(1.0, server.start).start()
+        start = time.monotonic()
+        assert store.put(make_group("b")).status == "accepted"
+        assert time.monotonic() - start > 0.9  # it did wait for the server
+        assert [g.group_id for g in store.claim(2).groups] == ["a", "b"]
+    finally:
+        server.stop()
+
+
+def test_retry_policy_spans_retry_s() -> None:
+    from replay.redis_store import retry_policy
+
+    # sleeps min(2, 0.05 * 2**k) for k = 1..: 0.1 0.2 0.4 0.8 1.6 2 2 ... ; 30 s needs 3.1 + 14 x 2
+    assert retry_policy(ReplayConfig(retry_s=30)).get_retries() == 5 + 14
+    assert retry_policy(ReplayConfig(retry_s=0)).get_retries() == 0
 
 
 # -- crash test ---------------------------------------------------------------------------

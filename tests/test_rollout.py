@@ -103,9 +103,23 @@ def test_episode_records_exact_tokens(engine, tiny_policy) -> None:
                                    group_id="g", max_context_tokens=1024))
     assert traj.error is None and traj.turns
     assert traj.prompt_ids == chat.prompt_ids(engine.tokenizer, task.messages, task.tools)
-    assert traj.turns[0].anchor_observation == task.messages[-1]["content"] or traj.turns[0].anchor_observation
     for turn in traj.turns[:-1]:
         assert turn.observation_ids  # every non-final turn is followed by an observation
+
+    async def replay() -> list[str]:
+        """The same (deterministic) environment fed the recorded actions: the anchor of turn 0
+        is the reset's observation, that of turn t the observation after turn t - 1."""
+        env = source.make_env()
+        anchors = [(await env.reset(task)).anchor]
+        for turn in traj.turns[:-1]:
+            anchors.append((await env.step(turn.text)).observation.anchor)
+        env.close()
+        return anchors
+
+    anchors = asyncio.run(replay())
+    assert anchors[0] and [t.anchor_observation for t in traj.turns] == anchors
+    for turn in traj.turns:  # the recorded text is exactly the sampled tokens, decoded
+        assert engine.tokenizer.decode(turn.action_ids, skip_special_tokens=True) == turn.text
     assert len(traj.token_ids()) == len(traj.loss_mask()) == len(traj.behaviour_logprobs())
 
 

@@ -177,7 +177,14 @@ def test_prm_estimator_needs_a_prm() -> None:
     ("tool_use", "matchtir", ["rewards.match={}", "learner.estimator.final_turn_reward=match"]),
 ])
 def test_supported_combinations_pass(env: str, estimator: str, extra: list[str]) -> None:
-    check_requirements(_config(env, estimator, *extra), _source(env))
+    from cluster.requirements import supplied_fields
+    from learner.advantages import required_fields
+
+    cfg, source = _config(env, estimator, *extra), _source(env)
+    check_requirements(cfg, source)  # raises on a combination it refuses
+    # and what it accepted is really covered: every field the estimator reads is supplied
+    assert required_fields(cfg.learner.estimator) <= supplied_fields(cfg, source)
+    assert cfg.learner.estimator.type == estimator and cfg.env.type == env
 
 
 def test_trajectory_balance_with_a_history_window_fails_naming_both_keys() -> None:
