@@ -1,6 +1,7 @@
 """Guards against PRM reward hacking: the "clip" and "delta" per-turn transforms.
 
-Owns the pure post-processing of one rollout's process-reward sequence (docs/rewards.md, "PRM"; from "On Designing Effective RL Reward at Training Time for LLM Reasoning").
+Owns the pure post-processing of one rollout's process-reward sequence (docs/rewards.md,
+"PRM"; from "On Designing Effective RL Reward at Training Time for LLM Reasoning").
 Learned process rewards are hacked by repeating good-looking steps; both transforms remove the
 incentive. ``None`` marks a failed scorer and propagates, never becoming a number.
 """

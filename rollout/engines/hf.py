@@ -279,7 +279,7 @@ class HFEngine(Engine):
         for _ in range(max(limits)):
             self._step_boundary()
             tok, lp = sample_tokens(out.logits[:, -1], temps, top_p, self._gen)
-            for i, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
+            for i, (t, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
                 if not live[i]:
                     continue
                 req = batch[i]
@@ -289,7 +289,7 @@ class HFEngine(Engine):
                     continue
                 reason = "stop" if t in stops[i] else "length" if len(req.token_ids) + 1 >= limits[i] else None
                 live[i] = reason is None
-                self._emit(req, t, l, reason)
+                self._emit(req, t, logp, reason)
             if not any(live):
                 break
             att = torch.cat([att, torch.ones((n, 1), dtype=att.dtype, device=dev)], dim=1)
