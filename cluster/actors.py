@@ -65,7 +65,8 @@ def run_cpus(cfg: RunConfig) -> float:
     """Ray CPUs the run's core actors reserve (reward scorers and judges come on top)."""
     envs, eng = cfg.rollout.env_actors, cfg.rollout.engine
     return (cfg.rollout.num_workers * cfg.rollout.num_cpus + eng.count * eng.num_cpus + cfg.learner.num_cpus
-            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus)
+            + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus
+            + (cfg.live.num_cpus if cfg.live.enabled else 0.0))
 
 
 @dataclass
@@ -78,9 +79,12 @@ class RunActors:
     envs: list[Any]
     engines: list[Any]
     engine_client: Any
+    gateway: Any = None
+    live_url: str | None = None
 
     def all(self) -> list[Any]:
-        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner, *self.envs, *self.engines]
+        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner, *self.envs, *self.engines,
+                *([self.gateway] if self.gateway is not None else [])]
 
 
 def start_env_hosts(cfg: RunConfig) -> list[Any]:
@@ -148,11 +152,17 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     try:
         ray.get([learner.get_version.remote(), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
                  *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]])
+        if cfg.live.enabled:
+            from cluster.live import start_gateway
+
+            started.gateway, started.live_url = start_gateway(cfg, client, reward, replay, run_dir)
     except BaseException:
         for actor in started.all():
             ray.kill(actor)
         raise
     # Best effort: Prometheus endpoints into <run_dir>/prometheus_targets.json; never raises.
     publish_metrics_targets([("replay", replay), ("reward", reward), *[("rollout", w) for w in rollouts],
-                             *[("engine", e) for e in engines], ("learner", learner)], run_dir, run_id)
+                             *[("engine", e) for e in engines], ("learner", learner),
+                             *([("gateway", started.gateway)] if started.gateway is not None else [])],
+                            run_dir, run_id)
     return started

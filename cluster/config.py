@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envs.config import EnvConfig, SearchQAConfig
+from gateway.config import LiveConfig
 from learner.config import LearnerConfig, PolicyConfig
 from replay.config import ReplayConfig
 from rewards.config import RewardsConfig
@@ -93,6 +94,8 @@ class RunConfig(BaseModel):
     """Held-out evaluation."""
     cluster: ClusterConfig = ClusterConfig()
     """Ray placement."""
+    live: LiveConfig = LiveConfig()
+    """The OpenAI-compatible endpoint that serves the policy while it trains (off by default)."""
     progress: Literal["bar", "log", "none"] = "bar"
     """Console progress: a live bar, one log line per step, or nothing."""
 

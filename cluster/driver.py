@@ -38,7 +38,7 @@ class NothingToResumeError(FileNotFoundError):
     """``--resume`` found no checkpointed run in the run directory."""
 
 
-RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json")
+RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json", "live.json")
 """What a fresh start in a used run directory begins again (checkpoints stay on disk)."""
 
 
@@ -159,6 +159,8 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
     actors = start_actors(cfg, str(policy), str(run_dir), run_id, resume=resume)
+    if actors.live_url:
+        on_stage(f"live endpoint: {actors.live_url} (OpenAI-compatible; model {cfg.live.model_name!r})")
     result = RunResult(run_dir, 0, None, timings={"setup_s": time.time() - t_start})
     try:
         if resume:
@@ -167,6 +169,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     finally:
         for actor in actors.all():
             ray.kill(actor)
+        (run_dir / "live.json").unlink(missing_ok=True)  # the endpoint is gone with the run
     result.timings["total_s"] = time.time() - t_start
     (run_dir / "result.json").write_text(json.dumps(
         {"steps": result.steps, "checkpoint": result.checkpoint, "interrupted": result.interrupted,

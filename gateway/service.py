@@ -60,6 +60,7 @@ class _Call:
     params: SamplingParams
     completion_id: str
     created: int
+    completion_tokens: int = 0
 
 
 class LiveService:
@@ -97,6 +98,7 @@ class LiveService:
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
             len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs)
         self.recorder.record(call.prepared, comps, replies)
+        call.completion_tokens = response.usage.completion_tokens
         return response.wire()
 
     async def stream(self, call: _Call) -> AsyncIterator[ChatCompletionChunk]:
@@ -145,6 +147,7 @@ class LiveService:
                 t.cancel()
         replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
         self.recorder.record(call.prepared, comps, replies)
+        call.completion_tokens = sum(len(c.token_ids) for c in comps)
         if call.req.stream_options is not None and call.req.stream_options.include_usage:
             done = sum(len(c.token_ids) for c in comps)
             p = len(call.prepared.prompt_ids)

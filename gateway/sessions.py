@@ -91,11 +91,9 @@ class PreparedPrompt:
 
 @dataclass
 class LiveSegment:
-    """One trajectory of a session, plus what the schema does not hold yet."""
+    """One trajectory of a session, plus the engine's finish reason of each turn."""
 
     trajectory: Trajectory
-    version_spans: list[list[tuple[int, int]]] = field(default_factory=list)
-    """Per turn: (first token index, weights version) of each version that sampled it."""
     finish_reasons: list[str] = field(default_factory=list)
     """Per turn: the engine's finish reason (stop, length, abort)."""
 
@@ -103,7 +101,6 @@ class LiveSegment:
 @dataclass
 class _Choice:
     turn: Turn
-    spans: list[tuple[int, int]]
     finish_reason: str
     action_ended: bool
     message: dict[str, Any]
@@ -134,12 +131,13 @@ class Session:
 
 def _turn_from_completion(comp: SampledCompletion, reply: AssistantReply) -> Turn:
     """The one place a completion becomes a Turn. ``policy_version`` is the version that
-    sampled the first token (the oldest, so staleness is never understated); the spans are kept
-    beside it in ``LiveSegment.version_spans``."""
+    sampled the first token; ``version_spans`` say where later versions took over (an
+    in-flight weight update)."""
+    spans = [tuple(s) for s in comp.version_spans]
     return Turn(
         action_ids=list(comp.token_ids), action_logprobs=list(comp.logprobs),
-        policy_version=comp.version_spans[0][1], tool_calls=list(reply.calls),
-        invalid_action=bool(reply.errors), text=reply.text,
+        policy_version=spans[0][1], version_spans=spans if len(spans) > 1 else [],
+        tool_calls=list(reply.calls), invalid_action=bool(reply.errors), text=reply.text,
     )
 
 
@@ -236,7 +234,7 @@ class SessionRecorder:
                              f"{len(replies)} replies)")
         session = self.get(prepared.session_id)
         eos = self.tokenizer.eos_token_id
-        choices = [_Choice(_turn_from_completion(c, r), list(c.version_spans), c.finish_reason,
+        choices = [_Choice(_turn_from_completion(c, r), c.finish_reason,
                            bool(c.token_ids) and c.token_ids[-1] == eos, r.template_message())
                    for c, r in zip(completions, replies)]
         if prepared.revision != session.revision:
@@ -272,7 +270,6 @@ class SessionRecorder:
         chosen = last.choices[prepared.continues]
         if prepared.continues != 0:  # the segment held choice 0 until now
             seg.trajectory.turns.pop()
-            seg.version_spans.pop()
             seg.finish_reasons.pop()
             _append(seg, chosen)
         seg.trajectory.turns[-1].observation_ids = list(prepared.observation_ids)
@@ -284,7 +281,6 @@ class SessionRecorder:
 
 def _append(seg: LiveSegment, choice: _Choice) -> None:
     seg.trajectory.turns.append(choice.turn.model_copy(deep=True))
-    seg.version_spans.append(list(choice.spans))
     seg.finish_reasons.append(choice.finish_reason)
 
 

@@ -27,7 +27,7 @@ from replay.config import ReplayConfig
 from rewards.combine import SourceResult, failed, missing_counts, process_result, write_source
 from rewards.config import JudgeConfig, RewardsConfig
 from rewards.judge import Judgement
-from rewards.worker import score_cheap
+from rewards.worker import inapplicable_sources, score_cheap
 from rollout.trajectory import Group, Trajectory
 
 
@@ -77,7 +77,7 @@ class RewardService:
             "groups": 0, "trajectories": 0, "outcome_sum": 0.0, "batches": 0,
             "batched_trajectories": 0, "ig_values": 0, "ig_version_mismatch": 0,
             "judge_turns": 0, "judge_queue_full": 0, "judge_timeout": 0, "scorer_errors": 0,
-            "score_s": 0.0, "missing": {}, "put": {}}
+            "score_s": 0.0, "missing": {}, "put": {}, "skipped": {}, "live_put": {}}
         self._judge_queued = 0
         self._judge_inflight = 0
         self._busy_scorers = 0
@@ -108,6 +108,18 @@ class RewardService:
         self._counts["put"][result.status] = self._counts["put"].get(result.status, 0) + 1
         return result
 
+    async def submit_live(self, group: Group) -> PutResult:
+        """A live session's segment: score it with the sources that apply, then offer it to
+        replay unscheduled (it holds no producer's reservation) without waiting: a full store
+        refuses it at once and the gateway counts it shed."""
+        self._start()
+        await self.score_group(group)
+        if self._put is None:
+            raise RuntimeError("this RewardService has no replay; use score_group")
+        result = await self._put(group, scheduled=False)
+        self._counts["live_put"][result.status] = self._counts["live_put"].get(result.status, 0) + 1
+        return result
+
     async def score_group(self, group: Group) -> Group:
         """Write every configured source into the group's turns in place (no replay)."""
         self._start()
@@ -117,8 +129,14 @@ class RewardService:
         model, judged = await asyncio.gather(self._model_scores(group), self._judge_scores(group))
         weights = self.cfg.trained_weights()
         for i, traj in enumerate(group.trajectories):
+            skip = inapplicable_sources(traj, self.cfg)
             for source, res in sorted({**model[i], **judged[i]}.items()):
-                write_source(traj, source, res)
+                if source not in skip:
+                    write_source(traj, source, res)
+            for source in skip:
+                self._counts["skipped"][source] = self._counts["skipped"].get(source, 0) + 1
+            if skip:
+                traj.metadata["skipped_sources"] = sorted(skip)
             self._count_versions(traj, model[i].get("ig"))
             traj.metadata["reward_weights"] = weights
             traj.metadata["on_missing"] = self.cfg.on_missing

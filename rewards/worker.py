@@ -34,10 +34,26 @@ def score_outcome(traj: Trajectory, cfg: RewardsConfig) -> None:
                                                  f"episode error: {(traj.error or '')[:200]}"))
 
 
+def inapplicable_sources(traj: Trajectory, cfg: RewardsConfig) -> set[str]:
+    """Configured sources that cannot score this trajectory: only live ones lack what a task
+    carries (a client that sent no outcome, no gold answer for IG, no gold calls for
+    matching). They are skipped and counted, never written as zero or as a failure."""
+    if not traj.metadata.get("live"):
+        return set()
+    skip = set() if traj.outcome is not None else {"outcome"}
+    if cfg.ig is not None and not traj.gold_answers:
+        skip.add("ig")
+    if cfg.match is not None and not traj.gold_tool_calls:
+        skip.add("match")
+    return skip
+
+
 def score_cheap(traj: Trajectory, cfg: RewardsConfig) -> None:
-    """Outcome, then (when configured) MatchTIR turn rewards, written into the turns."""
-    score_outcome(traj, cfg)
-    if cfg.match is not None and traj.turns:
+    """Outcome, then (when configured) MatchTIR turn rewards, written into the turns. A live
+    trajectory's outcome is the client's (set by its feedback), never re-scored."""
+    if not traj.metadata.get("live"):
+        score_outcome(traj, cfg)
+    if cfg.match is not None and traj.turns and "match" not in inapplicable_sources(traj, cfg):
         try:
             result = match_result(traj, cfg.match)
         except Exception as exc:  # noqa: BLE001 - a scorer error leaves the reward missing

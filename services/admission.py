@@ -91,6 +91,10 @@ RULES: dict[str, Rule] = {
     "ReplayConfig.password_env": Rule("redis_password"),
     "ReplayConfig.key_prefix": Rule("inert", "[A-Za-z0-9._-]+; every key also carries the run's own id"),
     "ReplayConfig.server_binary": Rule("executable"),
+    "LiveConfig.host": Rule("inert", "an interface of the run's own node to listen on; off loopback it "
+                                     "requires live.tokens"),
+    "LiveConfig.model_name": Rule("inert", "the model id the endpoint reports"),
+    "LiveConfig.tokens": Rule("inert", "bearer tokens the run's own endpoint accepts"),
 }
 
 

@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from cluster.config import ConfigError, RunConfig, build_config
+from cluster.live import LIVE_FILE
 from cluster.telemetry import TARGETS_FILE
 from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
@@ -233,7 +234,8 @@ class RunManager:
         return {**self.summary(rec, metrics), "metrics": metrics, "checkpoints": _checkpoints(run_dir),
                 "run_dir": rec.run_dir, "ray_submission_id": rec.id, "stop_requested": rec.stop_requested,
                 "result": _clean(_json_file(run_dir / "result.json")),
-                "metrics_endpoints": [t for entry in targets for t in entry.get("targets", [])]}
+                "metrics_endpoints": [t for entry in targets for t in entry.get("targets", [])],
+                "live_url": (_json_file(run_dir / LIVE_FILE) or {}).get("base_url")}
 
     def summary(self, rec: RunRecord, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         if metrics is None:

@@ -84,6 +84,8 @@ class RunDetail(RunSummary):
     """result.json of a finished run (steps, checkpoint, interrupted, timings)."""
     metrics_endpoints: list[str]
     """host:port of the run's actor metrics endpoints while it runs (Prometheus file_sd)."""
+    live_url: str | None = None
+    """OpenAI base URL of the run's live endpoint (``live.enabled``), once it serves."""
 
 
 class RunList(BaseModel):

@@ -88,8 +88,8 @@ def test_three_requests_with_a_tool_call_stitch_into_one_token_exact_trajectory(
     assert [t.action_ids for t in traj.turns] == [c1.token_ids, c2.token_ids, c3.token_ids]
     assert [t.observation_ids for t in traj.turns] == [obs2, obs3, []]
     assert traj.turns[1].action_logprobs == pytest.approx([-0.1 * i for i in range(1, 14)])
-    assert [t.policy_version for t in traj.turns] == [3, 4, 5]  # first span's version
-    assert seg.version_spans == [[(0, 3), (20, 4)], [(0, 4)], [(0, 5)]]
+    assert [t.policy_version for t in seg.trajectory.turns] == [3, 4, 5]
+    assert [t.version_spans for t in seg.trajectory.turns] == [[(0, 3), (20, 4)], [], []]
     assert traj.turns[0].tool_calls == r1.calls and traj.turns[1].text == "<answer>Paris</answer>"
     assert sum(traj.loss_mask()) == len(c1.token_ids) + len(c2.token_ids) + len(c3.token_ids)
     assert traj.task_id == "live:conv-1" and traj.metadata == {"session_id": "conv-1", "segment": 0, "live": True}

@@ -1,0 +1,48 @@
+"""Placing the live gateway on Ray: an actor serving the run's OpenAI-compatible endpoint.
+
+The gateway is a client of the run's engine group (the same engines the rollout workers use)
+and hands closed sessions to the reward actor, which puts them into replay unscheduled. Its
+base URL is printed and written to ``<run_dir>/live.json``, where the run service reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cluster.config import RunConfig
+
+LIVE_FILE = "live.json"
+
+
+class ActorLivePorts:
+    """The reward and replay actors as the gateway's ``LivePorts``."""
+
+    def __init__(self, reward: Any, replay: Any) -> None:
+        self.reward, self.replay = reward, replay
+
+    async def submit(self, group: Any) -> str:
+        return (await self.reward.submit_live.remote(group)).status
+
+    async def live_room(self) -> int:
+        return await self.replay.live_room.remote()
+
+
+def scorable_without_feedback(cfg: RunConfig) -> bool:
+    """A session that never gets feedback can still be scored when a PRM or judge runs."""
+    return cfg.rewards.prm is not None
+
+
+def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, run_dir: str) -> tuple[Any, str]:
+    """Start the gateway actor; returns (handle, base URL)."""
+    import ray
+
+    from gateway.server import LiveGateway
+
+    # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
+    actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000).remote(
+        cfg.live, engine_client, ActorLivePorts(reward, replay), scorable_without_feedback(cfg))
+    url = ray.get(actor.start.remote())
+    (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))
+    return actor, url

@@ -1,0 +1,134 @@
+"""The HTTP face of the live service: OpenAI-compatible routes plus the session routes.
+
+``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream: true``),
+``GET /v1/models``, ``POST /v1/sessions/{id}/feedback``, ``POST /v1/sessions/{id}/end``,
+``GET /metrics`` (Prometheus, no auth, like every exporter) and ``GET /healthz``. Errors use
+OpenAI's body (``{"error": {"message", "type", "param", "code"}}``) with the status the error
+carries: 400 bad parameter, 401 bad token, 404 unknown session, 409 ended session, 429 full.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.service import LiveService, Overloaded
+
+
+class Unauthorized(GatewayError):
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__(None, "missing or invalid bearer token (Authorization: Bearer <token>)")
+
+
+def _error(exc: GatewayError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def build_app(service: LiveService) -> FastAPI:
+    tokens = [t.get_secret_value().encode() for t in service.cfg.tokens]
+    metrics = GatewayMetrics(service.stats)
+    app = FastAPI(title="TurnRL live gateway", docs_url=None, redoc_url=None)
+    app.state.metrics = metrics
+
+    def check(request: Request) -> None:
+        if not tokens:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.encode(), t) for t in tokens):
+            raise Unauthorized()
+
+    @app.exception_handler(GatewayError)
+    async def _on_gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        metrics.requests.labels(_route(request), str(exc.status)).inc()
+        return _error(exc)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        check(request)
+        t0 = time.perf_counter()
+        try:
+            body = await request.json()
+        except ValueError:
+            raise _BadJson() from None
+        call = await service.open_call(body, request.headers.get("x-session-id"))
+        metrics.tokens.labels("prompt").inc(len(call.prepared.prompt_ids))
+        if not call.req.stream:
+            out = await service.complete(call)
+            metrics.tokens.labels("completion").inc(call.completion_tokens)
+            metrics.latency.labels("false").observe(time.perf_counter() - t0)
+            metrics.requests.labels("/v1/chat/completions", "200").inc()
+            return JSONResponse(out)
+        return StreamingResponse(_sse(service, call, metrics, t0), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        check(request)
+        metrics.requests.labels("/v1/models", "200").inc()
+        return JSONResponse(service.models())
+
+    @app.post("/v1/sessions/{session_id}/feedback")
+    async def feedback(session_id: str, request: Request) -> JSONResponse:
+        check(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise _BadJson() from None
+        out = service.feedback(session_id, body)
+        metrics.requests.labels("/v1/sessions/{session_id}/feedback", "200").inc()
+        return JSONResponse(out)
+
+    @app.post("/v1/sessions/{session_id}/end")
+    async def end(session_id: str, request: Request) -> JSONResponse:
+        check(request)
+        out = service.end(session_id)
+        metrics.requests.labels("/v1/sessions/{session_id}/end", "200").inc()
+        return JSONResponse(out)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"ok": True, "version": service.engine.version}
+
+    return app
+
+
+def _route(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", "unmatched")
+
+
+class _BadJson(GatewayError):
+    def __init__(self) -> None:
+        super().__init__(None, "the request body is not valid JSON")
+
+
+async def _sse(service: LiveService, call: Any, metrics: GatewayMetrics, t0: float) -> AsyncIterator[bytes]:
+    """``data: <chunk>`` events, then ``data: [DONE]``. An engine failure mid-stream becomes an
+    error event (the status line is already sent)."""
+    try:
+        async for chunk in service.stream(call):
+            yield b"data: " + json.dumps(chunk.wire()).encode() + b"\n\n"
+    except GatewayError as exc:
+        yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
+        metrics.requests.labels("/v1/chat/completions", str(exc.status)).inc()
+        return
+    yield b"data: [DONE]\n\n"
+    metrics.tokens.labels("completion").inc(call.completion_tokens)
+    metrics.latency.labels("true").observe(time.perf_counter() - t0)
+    metrics.requests.labels("/v1/chat/completions", "200").inc()
