@@ -55,6 +55,18 @@ def tiny_policy(tiny_run_config):
 
 
 @pytest.fixture(scope="session")
+def agent_policy(tiny_run_config):
+    """(policy folder, task source) of a tiny policy warm-started long enough (300 SFT steps,
+    ~1 min) to call the search tool and answer: the agent the live-traffic tests talk to."""
+    from envs.registry import make_task_source
+    from learner.bootstrap import ensure_policy
+
+    cfg = tiny_run_config(["policy.sft.steps=300"])
+    source = make_task_source(cfg.env)
+    return str(ensure_policy(cfg.policy, cfg.env, source, show_progress=False)), source
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     import ray
 

@@ -1,0 +1,129 @@
+"""The live gateway over real HTTP on loopback, driven by the official ``openai`` SDK: a tiny
+warm-started agent calls the search tool, gets the tool's result back in the next request, and
+answers; the recorder must hold exactly the tokens the engine saw and sampled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import LiveConfig
+from gateway.server import LiveGateway
+from rollout import chat
+from rollout.config import HFEngineConfig
+from rollout.engines import local_client
+
+TOKEN = "tok-live-test"
+
+
+class Served:
+    """A gateway on its own event loop thread (as in its Ray actor), reachable over HTTP."""
+
+    def __init__(self, cfg: LiveConfig, policy: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy))
+        self.url = self.call(self.gateway.start())
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+    def close(self) -> None:
+        self.call(self.gateway.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture()
+def served(agent_policy):
+    s = Served(LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=48), agent_policy[0])
+    yield s
+    s.close()
+
+
+def _sdk(served: Served, token: str = TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.url, api_key=token, max_retries=0)
+
+
+def test_tool_call_then_tool_result_is_one_token_exact_trajectory(served, agent_policy) -> None:
+    client, task = _sdk(served), agent_policy[1].tasks("train")[0]
+    headers = {"X-Session-Id": "conv-1"}
+    first = client.chat.completions.create(model="turnrl-policy", messages=task.messages, tools=task.tools,
+                                           temperature=0, logprobs=True, extra_headers=headers)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "search"
+    messages = [*task.messages, first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "Mobi Vogi was born in Katu."}]
+    stream = client.chat.completions.create(model="turnrl-policy", messages=messages, tools=task.tools,
+                                            temperature=0, stream=True, extra_headers=headers,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+    seg = served.gateway.service.recorder.segments("conv-1")
+    assert len(seg) == 1  # stitched: one trajectory of two turns
+    traj = seg[0].trajectory
+    assert len(traj.turns) == 2 and served.gateway.stats()["recorder"]["stitched"] == 1
+    # behaviour log-probs the client saw are the recorded ones (the closing end-of-turn has no entry)
+    sent = [e.logprob for e in first.choices[0].logprobs.content]
+    assert sent == pytest.approx(traj.turns[0].action_logprobs[:len(sent)], abs=1e-6)
+    assert first.usage.completion_tokens == len(traj.turns[0].action_ids)
+    tok = served.gateway.service.engine.tokenizer
+    assert tok.decode(traj.turns[1].action_ids, skip_special_tokens=True) == text
+    # the tool result reached the model as template tokens appended after the first action
+    assert "Katu" in tok.decode(traj.turns[0].observation_ids)
+    assert traj.prompt_ids == chat.prompt_ids(tok, task.messages, task.tools)
+
+
+def test_models_auth_and_unsupported_parameters(served) -> None:
+    client = _sdk(served)
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == ["turnrl-policy"] and listed.data[0].version == 0
+    with pytest.raises(openai.AuthenticationError):
+        _sdk(served, token="wrong").models.list()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="turnrl-policy", messages=[{"role": "user", "content": "hi"}],
+                                       response_format={"type": "json_object"})
+    assert err.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="turnrl-policy", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"frobnicate": 1})
+    assert err.value.body["param"] == "frobnicate" and "unknown parameter" in err.value.body["message"]
+    assert served.gateway.stats()["recorder"]["requests"] == 0  # nothing bad was recorded
+
+
+def test_feedback_is_validated_against_the_session(served) -> None:
+    client = _sdk(served)
+    client.chat.completions.create(model="turnrl-policy", messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=4, user="u-7")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    base = served.url
+    with httpx.Client(timeout=30) as http:
+        missing = http.post(f"{base}/sessions/nobody/feedback", json={"outcome": 1.0}, headers=headers)
+        assert missing.status_code == 404
+        bad = http.post(f"{base}/sessions/u-7/feedback", json={"outcome": 1.0, "turn_rewards": {"3": 0.5}},
+                        headers=headers)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "turn_rewards.3"
+        assert "out of range" in bad.json()["error"]["message"]
+        wrong = http.post(f"{base}/sessions/u-7/feedback", json={"outcome": "great"}, headers=headers)
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "outcome"
+        traj = served.gateway.service.recorder.segments("u-7")[0].trajectory
+        assert traj.outcome is None and not traj.metadata.get("feedback")  # nothing applied
+        ok = http.post(f"{base}/sessions/u-7/feedback", json={"outcome": 0.5, "turn_rewards": [0.25]},
+                       headers=headers)
+        assert ok.status_code == 200 and ok.json()["turns"] == 1
+        assert traj.outcome == 0.5 and traj.turns[0].rewards["env"] == 0.25
+        # no replay here: ending the session sheds its recording, and says so in the metrics
+        assert http.post(f"{base}/sessions/u-7/end", headers=headers).json()["submitted"] is True
+        served.call(served.gateway.drain())
+        metrics = http.get(f"{base[:-3]}/metrics").text
+    assert 'turnrl_gateway_episodes_total{result="shed"} 1.0' in metrics
+    assert 'turnrl_gateway_feedback_total{result="invalid"} 3.0' in metrics  # 404 + two 400s
+    assert 'turnrl_gateway_requests_total{route="/v1/chat/completions",status="200"} 1.0' in metrics
+    assert "turnrl_gateway_request_latency_seconds_bucket" in metrics
