@@ -155,7 +155,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         if cfg.live.enabled:
             from cluster.live import start_gateway
 
-            started.gateway, started.live_url = start_gateway(cfg, client, reward, replay, run_dir)
+            started.gateway, started.live_url = start_gateway(cfg, client, reward, replay, run_dir, run_id)
     except BaseException:
         for actor in started.all():
             ray.kill(actor)

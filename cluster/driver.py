@@ -95,7 +95,20 @@ def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
            "throughput/episodes_per_s": (episodes - last.get("episodes", 0)) / dt,
            "replay/ready": replay.ready, "replay/running": replay.running,
            "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values())}
+    if actors.gateway is not None:
+        out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, dt)
     last.update(t=now, tokens=tokens, episodes=episodes)
+    return out
+
+
+def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> dict[str, float]:
+    """The gateway's counters as per-step rates and levels (the dashboard's live chart)."""
+    requests, recorded = stats["recorder"]["requests"], stats["episodes"]["recorded"]
+    out = {"live/requests_per_s": (requests - last.get("live_requests", 0)) / dt,
+           "live/recorded_per_s": (recorded - last.get("live_recorded", 0)) / dt,
+           "live/sessions_open": stats["sessions_open"], "live/shed": stats["episodes"]["shed"],
+           "live/feedback": stats["feedback"]["received"], "live/timed_out": stats["feedback"]["timed_out"]}
+    last.update(live_requests=requests, live_recorded=recorded)
     return out
 
 

@@ -34,7 +34,8 @@ def scorable_without_feedback(cfg: RunConfig) -> bool:
     return cfg.rewards.prm is not None
 
 
-def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, run_dir: str) -> tuple[Any, str]:
+def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, run_dir: str,
+                  run_id: str) -> tuple[Any, str]:
     """Start the gateway actor; returns (handle, base URL)."""
     import ray
 
@@ -42,7 +43,7 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
 
     # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000).remote(
-        cfg.live, engine_client, ActorLivePorts(reward, replay), scorable_without_feedback(cfg))
+        cfg.live, engine_client, ActorLivePorts(reward, replay), scorable_without_feedback(cfg), run_id)
     url = ray.get(actor.start.remote())
     (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))
     return actor, url

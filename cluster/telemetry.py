@@ -139,8 +139,10 @@ ERRORS_FAMILY = "turnrl_metrics_errors"
 
 def metric_names() -> set[str]:
     """Every exported family name as it appears in a scrape (counters with ``_total``)."""
+    from gateway.metrics import FAMILIES as GATEWAY_FAMILIES
+
     names = {s.name + ("_total" if s.kind == "counter" else "") for specs in SPECS.values() for s in specs}
-    return names | {REWARD_SOURCE_FAMILY + "_total", ERRORS_FAMILY + "_total",
+    return names | GATEWAY_FAMILIES | {REWARD_SOURCE_FAMILY + "_total", ERRORS_FAMILY + "_total",
                     *(STALENESS_FAMILY + suffix for suffix in ("_bucket", "_sum", "_count"))}
 
 

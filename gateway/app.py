@@ -35,9 +35,9 @@ def _error(exc: GatewayError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def build_app(service: LiveService) -> FastAPI:
+def build_app(service: LiveService, run: str = "") -> FastAPI:
     tokens = [t.get_secret_value().encode() for t in service.cfg.tokens]
-    metrics = GatewayMetrics(service.stats)
+    metrics = GatewayMetrics(service.stats, run)
     app = FastAPI(title="TurnRL live gateway", docs_url=None, redoc_url=None)
     app.state.metrics = metrics
 

@@ -18,42 +18,62 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 class _Snapshot:
     """Families read from ``stats()`` when scraped."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
-        self.stats = stats
+    def __init__(self, stats: Callable[[], dict[str, Any]], run: str) -> None:
+        self.stats, self.run = stats, run
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
-        open_ = GaugeMetricFamily("turnrl_gateway_sessions_open", "Live sessions open (recording).")
-        open_.add_metric([], s["sessions_open"])
+        open_ = GaugeMetricFamily("turnrl_gateway_sessions_open", "Live sessions open (recording).", labels=["run"])
+        open_.add_metric([self.run], s["sessions_open"])
         yield open_
-        episodes = CounterMetricFamily("turnrl_gateway_episodes", "Live segments by what became of them.",
-                                       labels=["result"])
-        for result, n in sorted(s["episodes"].items()):
-            episodes.add_metric([result], n)
-        yield episodes
-        feedback = CounterMetricFamily("turnrl_gateway_feedback", "Feedback by result.", labels=["result"])
-        for result, n in sorted(s["feedback"].items()):
-            feedback.add_metric([result], n)
-        yield feedback
-        segments = CounterMetricFamily("turnrl_gateway_recorder_events",
-                                       "Session recorder events: stitched requests and new segments by cause.",
-                                       labels=["event"])
-        for event, n in sorted(s["recorder"].items()):
-            segments.add_metric([event], n)
-        yield segments
-        version = GaugeMetricFamily("turnrl_gateway_policy_version", "Newest weights version served.")
-        version.add_metric([], s["version"])
+        for key, name, doc, label in _BY_LABEL:
+            family = CounterMetricFamily(name, doc, labels=["run", label])
+            for value, n in sorted(s[key].items()):
+                family.add_metric([self.run, value], n)
+            yield family
+        version = GaugeMetricFamily("turnrl_gateway_policy_version", "Newest weights version served.", labels=["run"])
+        version.add_metric([self.run], s["version"])
         yield version
 
 
+_BY_LABEL = (
+    ("episodes", "turnrl_gateway_episodes", "Live segments by what became of them.", "result"),
+    ("feedback", "turnrl_gateway_feedback", "Feedback by result.", "result"),
+    ("recorder", "turnrl_gateway_recorder_events",
+     "Session recorder events: stitched requests and new segments by cause.", "event"),
+)
+
+FAMILIES = frozenset({
+    "turnrl_gateway_requests_total", "turnrl_gateway_tokens_total", "turnrl_gateway_sessions_open",
+    "turnrl_gateway_episodes_total", "turnrl_gateway_feedback_total", "turnrl_gateway_recorder_events_total",
+    "turnrl_gateway_policy_version", *(f"turnrl_gateway_request_latency_seconds{x}" for x in ("_bucket", "_sum", "_count")),
+})
+"""Every family name as it appears in a scrape (for dashboards and their tests)."""
+
+
 class GatewayMetrics:
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+    """Every sample carries the run's id (``run``), like the run's other metrics."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], run: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("turnrl_gateway_requests", "HTTP requests by route and status.",
-                                ["route", "status"], registry=self.registry)
-        self.latency = Histogram("turnrl_gateway_request_latency_seconds",
-                                 "Chat completion latency, request to last byte.", ["stream"],
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.tokens = Counter("turnrl_gateway_tokens", "Tokens served, by kind (prompt, completion).",
-                              ["kind"], registry=self.registry)
-        self.registry.register(_Snapshot(stats))
+        requests = Counter("turnrl_gateway_requests", "HTTP requests by route and status.",
+                           ["run", "route", "status"], registry=self.registry)
+        latency = Histogram("turnrl_gateway_request_latency_seconds",
+                            "Chat completion latency, request to last byte.", ["run", "stream"],
+                            buckets=LATENCY_BUCKETS, registry=self.registry)
+        tokens = Counter("turnrl_gateway_tokens", "Tokens served, by kind (prompt, completion).",
+                         ["run", "kind"], registry=self.registry)
+        self.requests = _Bound(requests, run)
+        self.latency = _Bound(latency, run)
+        self.tokens = _Bound(tokens, run)
+        self.registry.register(_Snapshot(stats, run))
+
+
+class _Bound:
+    """A metric with its ``run`` label filled in."""
+
+    def __init__(self, metric: Any, run: str) -> None:
+        self.metric, self.run = metric, run
+
+    def labels(self, *values: str) -> Any:
+        return self.metric.labels(self.run, *values)

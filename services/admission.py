@@ -148,18 +148,17 @@ def _resolve(value: str, base: Path) -> Path | None:
 
 def demand(cfg: RunConfig) -> dict[str, float]:
     """Ray actors, CPUs and GPUs the run asks for: the actors ``cluster.actors.start_actors``
-    and ``cluster.reward_service.start_reward_service`` create, with their ``num_cpus``."""
+    and ``cluster.reward_service.start_reward_service`` create, with their resources."""
+    from cluster.actors import run_cpus
+
     rc, sc, ro = cfg.rewards, cfg.rewards.service, cfg.rollout
     scorers = sc.num_scorers if rc.ig is not None or (rc.prm is not None and rc.prm.type == "model") else 0
     judges = rc.prm.num_workers if rc.prm is not None and rc.prm.type == "judge" else 0
-    envs = ro.env_actors.count
-    cpus = (ro.num_workers * ro.num_cpus + cfg.learner.num_cpus + cfg.cluster.reward_num_cpus
-            + cfg.cluster.replay_num_cpus + envs * ro.env_actors.num_cpus
-            + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus)
-    # replay, weight broker, reward service and learner, plus the pools
-    actors = 4 + ro.num_workers + envs + scorers + judges
-    gpus = ro.num_workers if ro.engine.device != "cpu" else 0
-    return {"actors": actors, "cpus": cpus, "gpus": gpus}
+    cpus = run_cpus(cfg) + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus
+    # replay, weight broker, reward service and learner, plus the pools, engines and gateway
+    actors = 4 + ro.num_workers + ro.env_actors.count + scorers + judges + ro.engine.count + cfg.live.enabled
+    per_engine = ro.engine.num_gpus if ro.engine.device == "cpu" else max(ro.engine.num_gpus, 1.0)
+    return {"actors": actors, "cpus": cpus, "gpus": ro.engine.count * per_engine}
 
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
@@ -168,9 +167,11 @@ def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[
     if cfg.train.steps > limits.max_steps:
         errors.append(("train.steps", f"{cfg.train.steps} steps exceed limits.max_steps={limits.max_steps}"))
     need = demand(cfg)
-    what = {"actors": ("max_actors", "rollout.num_workers + rollout.env_actors.count + reward scorers/judges + 4"),
+    what = {"actors": ("max_actors", "rollout.num_workers + rollout.engine.count + rollout.env_actors.count + "
+                                     "reward scorers/judges + live gateway + 4"),
             "cpus": ("max_cpus", "the num_cpus of every actor"),
-            "gpus": ("max_gpus", "rollout.num_workers when rollout.engine.device is not cpu")}
+            "gpus": ("max_gpus", "rollout.engine.count x rollout.engine.num_gpus, at least 1 each when "
+                                 "rollout.engine.device is not cpu")}
     for key, (limit, how) in what.items():
         allowed = getattr(limits, limit)
         if need[key] > allowed + 1e-9:

@@ -27,7 +27,7 @@ class Served:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy))
+        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), run_id="t1")
         self.url = self.call(self.gateway.start())
 
     def call(self, coro):
@@ -123,7 +123,10 @@ def test_feedback_is_validated_against_the_session(served) -> None:
         assert http.post(f"{base}/sessions/u-7/end", headers=headers).json()["submitted"] is True
         served.call(served.gateway.drain())
         metrics = http.get(f"{base[:-3]}/metrics").text
-    assert 'turnrl_gateway_episodes_total{result="shed"} 1.0' in metrics
-    assert 'turnrl_gateway_feedback_total{result="invalid"} 3.0' in metrics  # 404 + two 400s
-    assert 'turnrl_gateway_requests_total{route="/v1/chat/completions",status="200"} 1.0' in metrics
+    # (the exposition format lists labels alphabetically)
+    assert 'turnrl_gateway_episodes_total{result="shed",run="t1"} 1.0' in metrics
+    assert 'turnrl_gateway_feedback_total{result="invalid",run="t1"} 3.0' in metrics  # 404 + two 400s
+    assert 'turnrl_gateway_requests_total{route="/v1/sessions/{session_id}/feedback",run="t1",status="400"} 2.0' \
+        in metrics
+    assert 'turnrl_gateway_requests_total{route="/v1/chat/completions",run="t1",status="200"} 1.0' in metrics
     assert "turnrl_gateway_request_latency_seconds_bucket" in metrics

@@ -187,19 +187,22 @@ def test_limits_name_the_limit(service: Service) -> None:
     assert errors == {"train.steps": "1001 steps exceed limits.max_steps=1000 for tenant 'alice'"}
     assert refused(service, {"train": {"steps": 51}}, BOB) == {
         "train.steps": "51 steps exceed limits.max_steps=50 for tenant 'bob'"}  # bob's override
-    # 3 x 0.5 (rollout) + 1 (learner) + 0.25 + 0.25 (reward, replay) + 4 x 0.25 (env actors) = 4.0: at the limit
-    at_limit = {"rollout": {"num_workers": 3, "env_actors": {"count": 4}}}
-    assert demand(build_config(at_limit)) == {"actors": 4 + 3 + 4, "cpus": 4.0, "gpus": 0}
+    # 3 x 0.1 (rollout) + 1.2 (engine) + 1 (learner) + 0.25 + 0.25 (reward, replay)
+    # + 4 x 0.25 (env actors) = 4.0: at the limit
+    at_limit = {"rollout": {"num_workers": 3, "env_actors": {"count": 4}, "engine": {"num_cpus": 1.2}}}
+    assert demand(build_config(at_limit)) == {"actors": 4 + 3 + 1 + 4, "cpus": pytest.approx(4.0), "gpus": 0}
     errors = refused(service, at_limit)
-    assert errors == {"<root>": "the run asks for 11 actors (rollout.num_workers + rollout.env_actors.count + "
-                                "reward scorers/judges + 4); limits.max_actors=8 for tenant 'alice'"}
-    assert admitted(service, {"learner": {"num_cpus": 2.5}})["learner"]["num_cpus"] == 2.5  # 0.5+2.5+0.25+0.25=3.5
+    assert errors == {"<root>": "the run asks for 12 actors (rollout.num_workers + rollout.engine.count + "
+                                "rollout.env_actors.count + reward scorers/judges + live gateway + 4); "
+                                "limits.max_actors=8 for tenant 'alice'"}
+    # 0.1 + 0.4 (engine) + 2.5 + 0.25 + 0.25 = 3.5
+    assert admitted(service, {"learner": {"num_cpus": 2.5}})["learner"]["num_cpus"] == 2.5
     errors = refused(service, {"learner": {"num_cpus": 3.5}})  # ... 4.5 is not
     assert errors == {"<root>": "the run asks for 4.5 cpus (the num_cpus of every actor); limits.max_cpus=4 "
                                 "for tenant 'alice'"}
     errors = refused(service, {"rollout": {"engine": {"device": "cuda"}}})
-    assert errors == {"<root>": "the run asks for 1 gpus (rollout.num_workers when rollout.engine.device is not "
-                                "cpu); limits.max_gpus=0 for tenant 'alice'"}
+    assert errors == {"<root>": "the run asks for 1 gpus (rollout.engine.count x rollout.engine.num_gpus, at least "
+                                "1 each when rollout.engine.device is not cpu); limits.max_gpus=0 for tenant 'alice'"}
 
 
 def test_concurrent_runs_over_the_limit_get_429(service: Service) -> None:

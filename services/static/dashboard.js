@@ -11,6 +11,8 @@ const CHARTS = [
                                 ["eval/success", "held-out success"]]},
   {id: "chart-staleness", series: [["staleness/mean", "mean"], ["staleness/max", "max"]]},
   {id: "chart-replay", series: [["replay/ready", "ready"], ["replay/running", "being generated"]]},
+  {id: "chart-live", series: [["live/requests_per_s", "requests/s"], ["live/recorded_per_s", "episodes recorded/s"],
+                              ["live/sessions_open", "sessions open"], ["live/shed", "shed (total)"]]},
 ];
 const COLORS = ["#2e90fa", "#f79009", "#12b76a", "#9e77ed"];
 const KEYS = ["step", ...CHARTS.flatMap((c) => c.series.map((s) => s[0]))];
