@@ -38,7 +38,8 @@ class NothingToResumeError(FileNotFoundError):
     """``--resume`` found no checkpointed run in the run directory."""
 
 
-RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json", "live.json")
+RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json", "live.json",
+                   "live_sessions.jsonl")
 """What a fresh start in a used run directory begins again (checkpoints stay on disk)."""
 
 

@@ -2,7 +2,8 @@
 
 The gateway is a client of the run's engine group (the same engines the rollout workers use)
 and hands closed sessions to the reward actor, which puts them into replay unscheduled. Its
-base URL is printed and written to ``<run_dir>/live.json``, where the run service reads it.
+base URL is printed and written to ``<run_dir>/live.json``, where the run service reads it;
+every closed session's segments are appended to ``<run_dir>/live_sessions.jsonl``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from cluster.config import RunConfig
 
 LIVE_FILE = "live.json"
+SESSIONS_FILE = "live_sessions.jsonl"
 
 
 class ActorLivePorts:
@@ -43,7 +45,8 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
 
     # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000).remote(
-        cfg.live, engine_client, ActorLivePorts(reward, replay), scorable_without_feedback(cfg), run_id)
+        cfg.live, engine_client, ActorLivePorts(reward, replay), scorable_without_feedback(cfg), run_id,
+        str(Path(run_dir) / SESSIONS_FILE))
     url = ray.get(actor.start.remote())
     (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))
     return actor, url

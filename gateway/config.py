@@ -47,8 +47,9 @@ class LiveConfig(BaseModel):
     max_sessions: int = Field(10_000, ge=1)
     """Open sessions kept; past this the least recently active one is closed as if it had
     timed out, so memory stays bounded."""
-    num_cpus: float = Field(0.1, gt=0)
-    """Ray CPUs reserved for the gateway actor."""
+    num_cpus: float = Field(0.0, ge=0)
+    """Ray CPUs reserved for the gateway actor. 0 by default: it parses, tokenizes and waits on
+    the engines, which do the heavy work on their own reserved CPUs."""
 
     @model_validator(mode="after")
     def _auth_off_loopback(self) -> "LiveConfig":

@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 
 class LiveGateway:
     def __init__(self, cfg: LiveConfig, engine: Any, ports: Any = None,
-                 scorable_without_feedback: bool = False, run_id: str = "") -> None:
+                 scorable_without_feedback: bool = False, run_id: str = "",
+                 record_path: str | None = None) -> None:
         self.cfg = cfg
-        self.service = LiveService(cfg, engine, ports, scorable_without_feedback)
+        self.service = LiveService(cfg, engine, ports, scorable_without_feedback, record_path)
         self.app = build_app(self.service, run_id)
         self._server: Any = None
         self._tasks: list[asyncio.Task] = []

@@ -8,14 +8,18 @@ record. Sessions close on ``end`` plus feedback, or after ``feedback_timeout_s``
 closed session's segments go to the reward service as groups of one, which scores them with
 the sources that apply and puts them into replay unscheduled (they never take a rollout
 producer's reservation). A refused put sheds the recording, counted; serving never waits on it.
+With ``record_path`` every closed segment is also appended there as JSONL (``{"replay": put
+status, "trajectory": ...}``), the run's record of what it served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
 from gateway.config import LiveConfig
@@ -65,8 +69,9 @@ class _Call:
 
 class LiveService:
     def __init__(self, cfg: LiveConfig, engine: EngineClient, ports: LivePorts | None,
-                 scorable_without_feedback: bool = False) -> None:
+                 scorable_without_feedback: bool = False, record_path: str | Path | None = None) -> None:
         self.cfg, self.engine, self.ports = cfg, engine, ports
+        self.record_path = Path(record_path) if record_path else None
         self.scorable_without_feedback = scorable_without_feedback
         self.recorder = SessionRecorder(engine.tokenizer)
         self._feedback: set[str] = set()
@@ -233,12 +238,12 @@ class LiveService:
                 return
         for seg in segments:
             traj = seg.trajectory
-            if self.ports is None:
-                self._episodes["shed"] += 1
-                continue
-            status = await self.ports.submit(Group(group_id=traj.group_id, task_id=traj.task_id,
-                                                   trajectories=[traj]))
+            status = "no_replay" if self.ports is None else await self.ports.submit(
+                Group(group_id=traj.group_id, task_id=traj.task_id, trajectories=[traj]))
             self._episodes["recorded" if status == "accepted" else "shed"] += 1
+            if self.record_path is not None:  # what was served, as recorded (before scoring)
+                with self.record_path.open("a") as fh:
+                    fh.write(json.dumps({"replay": status, "trajectory": traj.model_dump(mode="json")}) + "\n")
 
     async def drain(self) -> None:
         """Wait for background submissions (tests, shutdown)."""
