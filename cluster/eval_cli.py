@@ -35,10 +35,12 @@ def evaluate_checkpoint(cfg: Any, checkpoint: Path, show_progress: bool = True) 
     """One row per held-out task (see ``RolloutWorker.score_task``), in task order."""
     from tqdm import tqdm
 
+    from rollout.engines import local_client
     from rollout.episode import sampling_params
     from rollout.worker import RolloutWorker
 
-    worker = RolloutWorker(0, cfg.rollout, cfg.env, str(checkpoint), cfg.train.seed, ports=None)
+    engine = local_client(cfg.rollout.engine, str(checkpoint), seed=cfg.train.seed)
+    worker = RolloutWorker(0, cfg.rollout, cfg.env, engine, cfg.train.seed, ports=None)
     tasks = worker.source.tasks("heldout")[: cfg.eval.num_tasks]
     params = sampling_params(cfg.rollout, cfg.eval.temperature)
 

@@ -5,12 +5,16 @@ Protocol, one training step::
     granted = store.reserve(n)            # producer: admission (may be 0)
     store.put(group)                      # producer: a finished group (or store.release(1))
     claim = store.claim(B)                # learner: B groups, or None if not yet available
+                                          # (claim(B, live=(lo, hi)): lo..hi of them live)
     ...optimizer step...
     store.ack(claim.claim_id, version)    # learner: trained; publishes the new version
     ...every N steps: checkpoint...
     store.commit(version)                 # learner: the checkpoint holds it; forget the groups
 
-Every method is non-blocking so a store can live inside a single-threaded actor; waiting and
+Live groups (sessions served through the gateway) are put *unscheduled*: they hold no
+reservation, are bounded on their own by ``live_capacity_groups`` (refused ``live_full``, never
+waited for) and wait in their own queue, so the learner chooses how many of each batch are
+live. Every method is non-blocking so a store can live inside a single-threaded actor; waiting and
 backpressure live in ``replay.client``. Exactly-once training across crashes is two-phase: an
 acknowledged group is *retained* until a checkpoint that includes its update is durable
 (``commit``). After a crash, ``recover(checkpoint_version)`` delivers again every claim never
@@ -28,7 +32,19 @@ from typing import Literal
 
 from rollout.trajectory import Group
 
-PutStatus = Literal["accepted", "full", "stale", "duplicate"]
+PutStatus = Literal["accepted", "full", "live_full", "stale", "duplicate"]
+LiveShare = tuple[int, int]
+"""(fewest, most) live groups in one claim."""
+
+
+def check_live_share(num_groups: int, live: LiveShare | None) -> LiveShare:
+    """The claim's live bounds, validated; ``None`` means no live groups."""
+    if num_groups < 1:
+        raise ValueError(f"claim(num_groups={num_groups}): claim at least one group")
+    lo, hi = live or (0, 0)
+    if not 0 <= lo <= hi <= num_groups:
+        raise ValueError(f"claim(live={live}): need 0 <= fewest <= most <= num_groups={num_groups}")
+    return lo, hi
 
 
 class ReplayFullError(RuntimeError):
@@ -65,12 +81,21 @@ class ReplayStats:
     running: int = 0
     bytes: int = 0
     accepted: int = 0
+    """Groups accepted from producers (scheduled puts; the admission rule counts these)."""
+    live_ready: int = 0
+    """Live groups waiting to be claimed (also counted in ``ready``)."""
+    live_held: int = 0
+    """Live groups held, ready or claimed (bounded by ``live_capacity_groups``)."""
+    live_accepted: int = 0
+    """Live groups accepted (unscheduled puts)."""
+    live_trained: int = 0
+    """Live groups acknowledged by the learner."""
     trained: int = 0
     """Groups acknowledged (a rewind by ``recover`` subtracts the ones it redelivers)."""
     retained: int = 0
     """Acknowledged groups kept until a checkpoint covers them (``commit``); not in ``bytes``."""
     refused: dict[str, int] = field(default_factory=dict)
-    """Puts refused, by reason (full, stale, duplicate)."""
+    """Puts refused, by reason (full, live_full, stale, duplicate)."""
     evicted: dict[str, int] = field(default_factory=dict)
     """Groups removed without training, by reason (stale)."""
     staleness_hist: dict[int, int] = field(default_factory=dict)
@@ -94,15 +119,23 @@ class ReplayStore(ABC):
         """Give back ``n`` reservations that will not produce a group (failed episodes)."""
 
     @abstractmethod
-    def put(self, group: Group) -> PutResult:
-        """Offer a finished group; consumes one reservation when there is one."""
+    def put(self, group: Group, scheduled: bool = True) -> PutResult:
+        """Offer a finished group. A scheduled group (a producer's) consumes one reservation
+        when there is one; an unscheduled one (live traffic) takes none and is refused
+        ``live_full`` past ``live_capacity_groups``."""
 
     @abstractmethod
-    def claim(self, num_groups: int) -> Claim | None:
-        """Claim the ``num_groups`` oldest fresh groups, or None while fewer are ready.
+    def claim(self, num_groups: int, live: LiveShare | None = None) -> Claim | None:
+        """Claim ``num_groups`` fresh groups, oldest first: as many live ones as are ready
+        within ``live=(fewest, most)`` (none by default), the rest scheduled; None while
+        either kind is short.
 
         Groups that became stale are evicted (counted) on the way.
         """
+
+    @abstractmethod
+    def live_room(self) -> int:
+        """How many more live groups a put would accept now (0 when it would be refused)."""
 
     @abstractmethod
     def ack(self, claim_id: str, new_version: int) -> None:

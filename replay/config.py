@@ -30,6 +30,11 @@ class ReplayConfig(BaseModel):
     """Longest a producer waits for room before failing with ReplayFullError."""
     max_concurrent_groups: int = Field(64, ge=1)
     """Most groups being generated at once across all rollout actors (admission rule)."""
+    live_capacity_groups: int = Field(16, ge=1)
+    """Most live groups (served sessions, put unscheduled) held at once, within
+    ``capacity_groups``. A live put never waits: past this bound it is refused as
+    ``live_full`` and counted, so a burst of traffic never blocks serving or crowds out the
+    rollouts' groups."""
 
     # -- Redis backend (ignored by ``inproc``) -----------------------------------------------
     password_env: str | None = None

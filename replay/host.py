@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replay.base import Claim, PutResult, ReplayStats
+from replay.base import Claim, LiveShare, PutResult, ReplayStats
 from replay.config import ReplayConfig
 from replay.registry import make_store
 from rollout.trajectory import Group
@@ -24,11 +24,14 @@ class ReplayHost:
     def release(self, n: int) -> None:
         self.store.release(n)
 
-    def put(self, group: Group) -> PutResult:
-        return self.store.put(group)
+    def put(self, group: Group, scheduled: bool = True) -> PutResult:
+        return self.store.put(group, scheduled)
 
-    def claim(self, n: int) -> Claim | None:
-        return self.store.claim(n)
+    def live_room(self) -> int:
+        return self.store.live_room()
+
+    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
+        return self.store.claim(n, live)
 
     def ack(self, claim_id: str, version: int) -> None:
         self.store.ack(claim_id, version)

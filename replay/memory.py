@@ -6,7 +6,7 @@ import itertools
 from collections import OrderedDict
 
 from replay.admission import admission_capacity, is_stale, staleness
-from replay.base import Claim, PutResult, ReplayStats, ReplayStore
+from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
 from replay.config import ReplayConfig
 from rollout.trajectory import Group
 
@@ -23,6 +23,10 @@ class InProcessReplayStore(ReplayStore):
         self.cfg = cfg
         self.batch_groups = batch_groups
         self._ready: OrderedDict[str, tuple[Group, int]] = OrderedDict()
+        self._live: OrderedDict[str, tuple[Group, int]] = OrderedDict()
+        """Live groups (unscheduled puts) waiting, oldest first."""
+        self._live_ids: set[str] = set()
+        """Ids of the live groups not yet committed, to requeue them where they came from."""
         self._claims: dict[str, list[tuple[Group, int]]] = {}
         self._acked: dict[str, tuple[int, list[tuple[Group, int]]]] = {}
         """Claim id -> (version it produced, its groups): retained until a checkpoint commits."""
@@ -52,42 +56,62 @@ class InProcessReplayStore(ReplayStore):
     def release(self, n: int) -> None:
         self._stats.running = max(0, self._stats.running - n)
 
-    def put(self, group: Group) -> PutResult:
+    def put(self, group: Group, scheduled: bool = True) -> PutResult:
         s = self._stats
         if group.group_id in self._seen:
             s.count("refused", "duplicate")
             return PutResult("duplicate", f"group {group.group_id} was already accepted")
         nbytes = group_nbytes(group)
-        held = len(self._ready) + sum(len(c) for c in self._claims.values())
+        held = len(self._ready) + len(self._live) + sum(len(c) for c in self._claims.values())
         if held >= self.cfg.capacity_groups or s.bytes + nbytes > self.cfg.capacity_bytes:
             s.count("refused", "full")
             return PutResult("full", f"{held} groups / {s.bytes} bytes held")
-        self.release(1)
+        if not scheduled and self._live_held() >= self.cfg.live_capacity_groups:
+            s.count("refused", "live_full")
+            return PutResult("live_full", f"{self._live_held()} live groups held")
+        if scheduled:
+            self.release(1)
         if is_stale(s.version, group.min_version(), self.cfg.eta):
             s.count("refused", "stale")
             return PutResult("stale", f"group version {group.min_version()} < {s.version - self.cfg.eta}")
         self._seen.add(group.group_id)
-        self._ready[group.group_id] = (group, nbytes)
-        s.accepted += 1
+        (self._ready if scheduled else self._live)[group.group_id] = (group, nbytes)
+        if scheduled:
+            s.accepted += 1
+        else:
+            self._live_ids.add(group.group_id)
+            s.live_accepted += 1
         s.bytes += nbytes
         return PutResult("accepted")
+
+    def live_room(self) -> int:
+        held = len(self._ready) + len(self._live) + sum(len(c) for c in self._claims.values())
+        return max(0, min(self.cfg.live_capacity_groups - self._live_held(),
+                          self.cfg.capacity_groups - held))
+
+    def _live_held(self) -> int:
+        claimed = sum(g.group_id in self._live_ids for c in self._claims.values() for g, _ in c)
+        return len(self._live) + claimed
 
     # -- learner ---------------------------------------------------------------------------
     def _evict_stale(self) -> None:
         s = self._stats
-        for gid, (group, nbytes) in list(self._ready.items()):
-            if is_stale(s.version, group.min_version(), self.cfg.eta):
-                del self._ready[gid]
-                s.bytes -= nbytes
-                s.count("evicted", "stale")
+        for queue in (self._ready, self._live):
+            for gid, (group, nbytes) in list(queue.items()):
+                if is_stale(s.version, group.min_version(), self.cfg.eta):
+                    del queue[gid]
+                    self._live_ids.discard(gid)
+                    s.bytes -= nbytes
+                    s.count("evicted", "stale")
 
-    def claim(self, num_groups: int) -> Claim | None:
-        if num_groups < 1:
-            raise ValueError(f"claim(num_groups): need at least 1 group, got {num_groups}")
+    def claim(self, num_groups: int, live: LiveShare | None = None) -> Claim | None:
+        lo, hi = check_live_share(num_groups, live)
         self._evict_stale()
-        if len(self._ready) < num_groups:
+        n_live = min(hi, len(self._live))
+        if n_live < lo or len(self._ready) < num_groups - n_live:
             return None
-        taken = [self._ready.popitem(last=False)[1] for _ in range(num_groups)]
+        taken = [self._live.popitem(last=False)[1] for _ in range(n_live)]
+        taken += [self._ready.popitem(last=False)[1] for _ in range(num_groups - n_live)]
         claim_id = f"c{next(self._ids)}"
         self._claims[claim_id] = taken
         ages = [staleness(self._stats.version, g.min_version()) for g, _ in taken]
@@ -102,11 +126,14 @@ class InProcessReplayStore(ReplayStore):
         self._acked[claim_id] = (new_version, taken)
         self._stats.bytes -= sum(nbytes for _, nbytes in taken)
         self._stats.trained += len(taken)
+        self._stats.live_trained += sum(g.group_id in self._live_ids for g, _ in taken)
         self._stats.version = max(self._stats.version, new_version)
 
     def commit(self, version: int) -> int:
         done = [cid for cid, (v, _) in self._acked.items() if v <= version]
-        return sum(len(self._acked.pop(cid)[1]) for cid in done)
+        forgotten = [g.group_id for cid in done for g, _ in self._acked.pop(cid)[1]]
+        self._live_ids.difference_update(forgotten)
+        return len(forgotten)
 
     def recover(self, checkpoint_version: int | None = None) -> int:
         """Requeue unacknowledged claims (and, with ``checkpoint_version``, the claims trained
@@ -119,17 +146,21 @@ class InProcessReplayStore(ReplayStore):
                 back[cid] = taken
                 self._stats.bytes += sum(nbytes for _, nbytes in taken)
                 self._stats.trained -= len(taken)
+                self._stats.live_trained -= sum(g.group_id in self._live_ids for g, _ in taken)
             self._acked.clear()
             self._stats.version = checkpoint_version
         requeue = [item for cid in sorted(back, key=_claim_seq) for item in back[cid]]
         for group, nbytes in reversed(requeue):
-            self._ready[group.group_id] = (group, nbytes)
-            self._ready.move_to_end(group.group_id, last=False)
+            queue = self._live if group.group_id in self._live_ids else self._ready
+            queue[group.group_id] = (group, nbytes)
+            queue.move_to_end(group.group_id, last=False)
         return len(requeue)
 
     def stats(self) -> ReplayStats:
         s = self._stats
-        s.ready = len(self._ready)
+        s.ready = len(self._ready) + len(self._live)
+        s.live_ready = len(self._live)
+        s.live_held = self._live_held()
         s.claimed = sum(len(c) for c in self._claims.values())
         s.retained = sum(len(taken) for _, taken in self._acked.values())
         return ReplayStats(**{**s.__dict__, "refused": dict(s.refused), "evicted": dict(s.evicted),

@@ -12,7 +12,7 @@ the same as running it once, so memoising it would only fill Redis with keys.
 from __future__ import annotations
 
 KEY_NAMES = ("ready", "ready_ver", "gver", "gbytes", "seen", "claims", "stats", "refused",
-             "evicted", "staleness", "acked", "g:")
+             "evicted", "staleness", "acked", "live_ready", "live_held", "live", "g:")
 """Passed to every script as KEYS, in this order; the last is the prefix of payload keys.
 After them come the operation key (``P op:<id>``) and, for ``put``, the staging key."""
 
@@ -31,11 +31,13 @@ local function is_stale(learner_version, group_version, eta)
 end
 """
 
-PRELUDE = RULES + """
-local ready, ready_ver, gver, gbytes, seen, claims, stats, refused, evicted, hist, acked, gkey =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
-  KEYS[11], KEYS[12]
-local op_key, op_ttl = KEYS[13], ARGV[#ARGV]  -- see once()
+_LUA_NAMES = {"staleness": "hist", "g:": "gkey"}
+"""Lua local names of the keys whose KEY_NAMES entry is not a Lua identifier (or is taken)."""
+
+_BIND_KEYS = "".join(f"local {_LUA_NAMES.get(name, name)} = KEYS[{i}]\n"
+                     for i, name in enumerate(KEY_NAMES, start=1))
+
+PRELUDE = RULES + _BIND_KEYS + f"local op_key, op_ttl = KEYS[{len(KEY_NAMES) + 1}], ARGV[#ARGV]  -- see once()\n" + """
 local function num(v) return tonumber(v) or 0 end
 local function add(key, field, n)  -- HINCRBY, but Lua renders -0 as "-0", which Redis refuses
   if n ~= 0 then redis.call('HINCRBY', key, field, n) end
@@ -44,13 +46,19 @@ local function stat(name) return num(redis.call('HGET', stats, name)) end
 local function release(n)
   redis.call('HSET', stats, 'running', math.max(0, stat('running') - n))
 end
+local function is_live(gid) return redis.call('SISMEMBER', live, gid) == 1 end
 local function drop_payload(gid)
   redis.call('UNLINK', gkey .. gid)  -- a background thread frees the megabyte
   redis.call('HDEL', gbytes, gid)
+  redis.call('SREM', live, gid)
 end
-local function forget(gid)  -- drop a held group's data, keeping its id in `seen`
+local function unhold(gid)  -- no longer held (bytes, gver); the payload stays
   add(stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
   redis.call('HDEL', gver, gid)
+  redis.call('SREM', live_held, gid)
+end
+local function forget(gid)  -- drop a held group's data, keeping its id in `seen`
+  unhold(gid)
   drop_payload(gid)
 end
 local function commit(v)  -- forget the retained groups of claims acknowledged at or before v
@@ -98,10 +106,14 @@ return once(function()
 end)
 """,
     # A re-sent put also re-SETs its staging key in the same MULTI: on_replay unlinks it.
-    "put": """
-local staged = KEYS[14]
+    # ARGV: gid, nbytes, version, capacity_groups, capacity_bytes, eta, scheduled (1/0),
+    # live_capacity_groups.
+    "put": f"""
+local staged = KEYS[{len(KEY_NAMES) + 2}]
+""" + """
 local function put()
   local gid, nbytes, v = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+  local scheduled = ARGV[7] == '1'
   local function refuse(reason, detail)
     redis.call('UNLINK', staged)
     redis.call('HINCRBY', refused, reason, 1)
@@ -114,37 +126,56 @@ local function put()
   if held >= tonumber(ARGV[4]) or bytes + nbytes > tonumber(ARGV[5]) then
     return refuse('full', held .. ' groups / ' .. bytes .. ' bytes held')
   end
-  release(1)  -- the group is finished, whatever happens next: its reservation ends here
+  local live_n = redis.call('SCARD', live_held)
+  if not scheduled and live_n >= tonumber(ARGV[8]) then
+    return refuse('live_full', live_n .. ' live groups held')
+  end
+  -- a scheduled group is finished, whatever happens next: its reservation ends here
+  if scheduled then release(1) end
   local version, eta = stat('version'), tonumber(ARGV[6])
   if is_stale(version, v, eta) then
     return refuse('stale', 'group version ' .. v .. ' < ' .. (version - eta))
   end
   redis.call('SADD', seen, gid)
-  redis.call('RPUSH', ready, gid)
+  if scheduled then
+    redis.call('RPUSH', ready, gid)
+    redis.call('HINCRBY', stats, 'accepted', 1)
+  else
+    redis.call('RPUSH', live_ready, gid)
+    redis.call('SADD', live, gid)
+    redis.call('SADD', live_held, gid)
+    redis.call('HINCRBY', stats, 'live_accepted', 1)
+  end
   redis.call('ZADD', ready_ver, v, gid)
   redis.call('RENAME', staged, gkey .. gid)
   redis.call('HSET', gver, gid, v)
   redis.call('HSET', gbytes, gid, nbytes)
-  redis.call('HINCRBY', stats, 'accepted', 1)
   redis.call('HINCRBY', stats, 'bytes', nbytes)
   return {'accepted', ''}, true
 end
 return once(put, function() redis.call('UNLINK', staged) end)
 """,
     # Evicting stale groups is idempotent by itself; only a claim that took groups is kept.
+    # ARGV: num_groups, eta, fewest live, most live.
     "claim": """
 return once(function()
   local n, eta, version = tonumber(ARGV[1]), tonumber(ARGV[2]), stat('version')
   for _, gid in ipairs(redis.call('ZRANGEBYSCORE', ready_ver, '-inf', '(' .. (version - eta))) do
     if is_stale(version, num(redis.call('HGET', gver, gid)), eta) then
-      redis.call('LREM', ready, 1, gid)
+      redis.call('LREM', is_live(gid) and live_ready or ready, 1, gid)
       redis.call('ZREM', ready_ver, gid)
       forget(gid)
       redis.call('HINCRBY', evicted, 'stale', 1)
     end
   end
-  if redis.call('LLEN', ready) < n then return false, false end
-  local gids = redis.call('LPOP', ready, n)
+  local n_live = math.min(tonumber(ARGV[4]), redis.call('LLEN', live_ready))
+  if n_live < tonumber(ARGV[3]) or redis.call('LLEN', ready) < n - n_live then return false, false end
+  local gids = {}
+  for _, list_n in ipairs({{live_ready, n_live}, {ready, n - n_live}}) do
+    if list_n[2] > 0 then
+      for _, gid in ipairs(redis.call('LPOP', list_n[1], list_n[2])) do gids[#gids + 1] = gid end
+    end
+  end
   local cid = 'c' .. (redis.call('HINCRBY', stats, 'claim_seq', 1) - 1)
   local ages = {}
   for i, gid in ipairs(gids) do
@@ -160,12 +191,13 @@ end)
 return once(function()
   local raw = redis.call('HGET', claims, ARGV[1])
   if not raw then return false, false end
-  local gids, vers = cjson.decode(raw), {}
-  for i, gid in ipairs(gids) do  -- no longer held (bytes, gver); payload retained until commit
+  local gids, vers, n_live = cjson.decode(raw), {}, 0
+  for i, gid in ipairs(gids) do  -- payload retained until commit
     vers[i] = num(redis.call('HGET', gver, gid))
-    add(stats, 'bytes', -num(redis.call('HGET', gbytes, gid)))
-    redis.call('HDEL', gver, gid)
+    if is_live(gid) then n_live = n_live + 1 end
+    unhold(gid)
   end
+  add(stats, 'live_trained', n_live)
   redis.call('HDEL', claims, ARGV[1])
   redis.call('HSET', acked, ARGV[1], cjson.encode({tonumber(ARGV[2]), gids, vers}))
   redis.call('HINCRBY', stats, 'trained', #gids)
@@ -192,7 +224,7 @@ return once(function()
   end
   redis.call('DEL', claims)
   if ARGV[1] ~= '' then  -- rewind to the checkpoint: claims trained after it are delivered again
-    local v, back = tonumber(ARGV[1]), 0
+    local v, back, live_back = tonumber(ARGV[1]), 0, 0
     commit(v)
     flat = redis.call('HGETALL', acked)
     for i = 1, #flat, 2 do
@@ -201,11 +233,16 @@ return once(function()
       for j, gid in ipairs(rec[2]) do
         redis.call('HSET', gver, gid, rec[3][j])
         redis.call('HINCRBY', stats, 'bytes', num(redis.call('HGET', gbytes, gid)))
+        if is_live(gid) then
+          redis.call('SADD', live_held, gid)
+          live_back = live_back + 1
+        end
       end
       back = back + #rec[2]
     end
     redis.call('DEL', acked)
     add(stats, 'trained', -back)
+    add(stats, 'live_trained', -live_back)
     add(stats, 'retained', -back)
     redis.call('HSET', stats, 'version', v)
   end
@@ -213,7 +250,7 @@ return once(function()
   table.sort(order, function(a, b) return a[1] > b[1] end)
   for _, c in ipairs(order) do
     for i = #c[2], 1, -1 do
-      redis.call('LPUSH', ready, c[2][i])
+      redis.call('LPUSH', is_live(c[2][i]) and live_ready or ready, c[2][i])
       redis.call('ZADD', ready_ver, c[3][i], c[2][i])
       requeued = requeued + 1
     end

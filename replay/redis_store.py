@@ -11,8 +11,12 @@ Key layout, one run (``P`` = ``{key_prefix}:{<run_id>}:``, e.g. ``turnrl:{run-7}
     P acked      HASH   claim id -> JSON [version, group ids, group versions]: trained, payloads
                         kept until a checkpoint covers the version (commit)
     P seen       SET    every group id ever accepted: refuses duplicates, also after training
-    P stats      HASH   version, accepted, running, trained, retained, bytes, claim_seq
-    P refused    HASH   reason -> puts refused (full, stale, duplicate)
+    P live_ready LIST   live group ids ready to claim (unscheduled puts), oldest at the head
+    P live_held  SET    live group ids held (ready or claimed): live_capacity_groups counts it
+    P live       SET    live group ids until committed, so recover() requeues them as live
+    P stats      HASH   version, accepted, live_accepted, running, trained, live_trained,
+                        retained, bytes, claim_seq
+    P refused    HASH   reason -> puts refused (full, live_full, stale, duplicate)
     P evicted    HASH   reason -> groups removed untrained (stale)
     P staleness  HASH   staleness at claim -> groups claimed
     P op:<id>    STRING one call's script reply, kept (with a TTL) for a re-sent command
@@ -57,7 +61,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from replay.base import Claim, PutResult, ReplayStats, ReplayStore
+from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
 from replay.config import ReplayConfig
 from replay.redis_scripts import KEY_NAMES, SCRIPTS
 from replay.redis_server import RedisServer, ensure_embedded
@@ -233,7 +237,7 @@ class RedisReplayStore(ReplayStore):
     def release(self, n: int) -> None:
         self._run("release", n)
 
-    def put(self, group: Group, *, op_id: str | None = None) -> PutResult:
+    def put(self, group: Group, scheduled: bool = True, *, op_id: str | None = None) -> PutResult:
         payload, nbytes = encode_group(group, self.cfg.compress)
         op_id = op_id or uuid.uuid4().hex
         staged = f"{self._prefix}stage:{op_id}"
@@ -242,15 +246,23 @@ class RedisReplayStore(ReplayStore):
         pipe.set(staged, payload)
         # EVAL, not EVALSHA: a NOSCRIPT error inside MULTI would leave the staging key behind.
         pipe.eval(SCRIPTS["put"], len(keys), *keys, group.group_id, nbytes, group.min_version(),
-                  self.cfg.capacity_groups, self.cfg.capacity_bytes, self.cfg.eta, self._op_ttl)
+                  self.cfg.capacity_groups, self.cfg.capacity_bytes, self.cfg.eta,
+                  int(scheduled), self.cfg.live_capacity_groups, self._op_ttl)
         _, (status, detail) = pipe.execute()  # a re-sent MULTI re-runs both: see "put"'s on_replay
         return PutResult(status.decode(), detail.decode())
 
+    def live_room(self) -> int:
+        k = dict(zip(KEY_NAMES, self.keys))
+        pipe = self._r.pipeline(transaction=True)
+        pipe.scard(k["live_held"])
+        pipe.hlen(k["gver"])
+        live_held, held = pipe.execute()
+        return max(0, min(self.cfg.live_capacity_groups - live_held, self.cfg.capacity_groups - held))
+
     # -- learner ---------------------------------------------------------------------------
-    def claim(self, num_groups: int) -> Claim | None:
-        if num_groups < 1:
-            raise ValueError(f"claim(num_groups={num_groups}): claim at least one group")
-        got = self._run("claim", num_groups, self.cfg.eta)
+    def claim(self, num_groups: int, live: LiveShare | None = None) -> Claim | None:
+        lo, hi = check_live_share(num_groups, live)
+        got = self._run("claim", num_groups, self.cfg.eta, lo, hi)
         if got is None:
             return None
         claim_id, gids, ages = got
@@ -279,12 +291,16 @@ class RedisReplayStore(ReplayStore):
         for name in ("stats", "refused", "evicted", "staleness"):
             pipe.hgetall(k[name])
         pipe.llen(k["ready"])
+        pipe.llen(k["live_ready"])
+        pipe.scard(k["live_held"])
         pipe.hlen(k["gver"])
-        counters, refused, evicted, hist, ready, held = pipe.execute()
+        counters, refused, evicted, hist, ready, live_ready, live_held, held = pipe.execute()
         c = {key.decode(): int(v) for key, v in counters.items()}
         return ReplayStats(
-            version=c.get("version", 0), ready=ready, claimed=held - ready,
+            version=c.get("version", 0), ready=ready + live_ready, claimed=held - ready - live_ready,
             running=c.get("running", 0), bytes=c.get("bytes", 0), accepted=c.get("accepted", 0),
+            live_ready=live_ready, live_held=live_held, live_accepted=c.get("live_accepted", 0),
+            live_trained=c.get("live_trained", 0),
             trained=c.get("trained", 0), retained=c.get("retained", 0),
             refused={key.decode(): int(v) for key, v in refused.items()},
             evicted={key.decode(): int(v) for key, v in evicted.items()},
@@ -292,7 +308,11 @@ class RedisReplayStore(ReplayStore):
         )
 
     def size(self) -> int:
-        return int(self._r.llen(self.keys[KEY_NAMES.index("ready")]))
+        k = dict(zip(KEY_NAMES, self.keys))
+        pipe = self._r.pipeline(transaction=False)
+        pipe.llen(k["ready"])
+        pipe.llen(k["live_ready"])
+        return sum(int(n) for n in pipe.execute())
 
     def version(self) -> int:
         return int(self._r.hget(self.keys[KEY_NAMES.index("stats")], "version") or 0)

@@ -266,3 +266,56 @@ def test_bytes_are_utf8_bytes(make_store: MakeStore) -> None:
     store = make_store()
     store.put(make_group("a", text="é€"))  # 2 characters, 5 bytes in UTF-8
     assert store.stats().bytes == nbytes("a", text="é€")
+
+
+# -- live groups (unscheduled puts) -------------------------------------------------------
+def test_live_puts_take_no_reservation_and_have_their_own_bound(make_store: MakeStore) -> None:
+    store = make_store(batch_groups=2, live_capacity_groups=2, capacity_groups=10)
+    assert store.reserve(1) == 1
+    assert store.live_room() == 2
+    assert store.put(make_group("L1"), scheduled=False).accepted
+    assert store.put(make_group("L2"), scheduled=False).accepted
+    assert store.live_room() == 0
+    full = store.put(make_group("L3"), scheduled=False)
+    assert full.status == "live_full" and "2 live groups held" in full.detail
+    s = store.stats()
+    # the producer's reservation is untouched; live counts apart from the admission counter
+    assert (s.running, s.accepted, s.live_accepted, s.live_ready, s.live_held) == (1, 0, 2, 2, 2)
+    assert s.ready == 2 and s.refused == {"live_full": 1}
+    assert store.put(make_group("S1")).accepted  # a scheduled put still has room
+    assert store.stats().running == 0
+
+
+def test_claim_composes_live_and_scheduled_groups(make_store: MakeStore) -> None:
+    store = make_store(batch_groups=3, live_capacity_groups=4)
+    for gid in ("S1", "S2", "S3"):
+        store.put(make_group(gid))
+    store.put(make_group("L1"), scheduled=False)
+    assert ids(store.claim(2)) == ["S1", "S2"]  # by default no live group is claimed
+    assert store.claim(2, live=(2, 2)) is None  # one live group ready, two wanted
+    mixed = store.claim(2, live=(1, 2))  # as many live as ready within 1..2, the rest scheduled
+    assert ids(mixed) == ["L1", "S3"]
+    assert store.live_room() == 3  # L1 is claimed, still held
+    store.ack(mixed.claim_id, new_version=1)
+    s = store.stats()
+    assert (s.live_trained, s.trained, s.live_held, store.live_room()) == (1, 2, 0, 4)
+    with pytest.raises(ValueError, match="fewest <= most"):
+        store.claim(2, live=(2, 1))
+
+
+def test_recover_requeues_live_groups_as_live_and_evicts_stale_ones(make_store: MakeStore) -> None:
+    store = make_store(batch_groups=1, eta=1)
+    store.put(make_group("L0", version=0), scheduled=False)
+    store.put(make_group("L1", version=0), scheduled=False)
+    lost = store.claim(1, live=(1, 1))
+    assert store.recover() == 1
+    assert ids(store.claim(2, live=(2, 2))) == [lost.groups[0].group_id, "L1"]
+    store.recover()
+    first = store.claim(1, live=(1, 1))
+    store.ack(first.claim_id, new_version=2)  # L1, at version 0, is now 2 behind: stale
+    assert store.claim(1, live=(1, 1)) is None
+    s = store.stats()
+    assert s.evicted == {"stale": 1} and s.live_ready == 0 and s.live_held == 0
+    # rewinding to the checkpoint at version 0 puts the trained live group back in the live queue
+    assert store.recover(checkpoint_version=0) == 1
+    assert ids(store.claim(1, live=(1, 1))) == ["L0"] and store.stats().live_trained == 0

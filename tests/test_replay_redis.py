@@ -261,14 +261,16 @@ def test_every_script_re_run_with_its_operation_id_changes_nothing(redis_server:
         assert twice(f"p{gid}", lambda op: store.put(make_group(gid), op_id=op).status) == "accepted"
     # 3 reserved - 1 released - 2 ended by accepted puts = 0; a re-run would have released more
     assert store.stats().running == 0
-    cid, gids, ages = twice("c1", lambda op: store._run("claim", 2, 1, op_id=op))
+    cid, gids, ages = twice("c1", lambda op: store._run("claim", 2, 1, 0, 0, op_id=op))
     assert (cid, gids, ages) == (b"c0", [b"a", b"b"], [0, 0])
     assert twice("a1", lambda op: store._run("ack", "c0", 1, op_id=op)) == 2
     assert twice("m1", lambda op: store._run("commit", 1, op_id=op)) == 2
-    twice("c2", lambda op: store._run("claim", 1, 1, op_id=op))
+    twice("c2", lambda op: store._run("claim", 1, 1, 0, 0, op_id=op))
     assert twice("v1", lambda op: store._run("recover", "", op_id=op)) == 1
     s = store.stats()
     assert (s.accepted, s.trained, s.ready, s.claimed, s.refused) == (3, 2, 1, 0, {})
+    assert twice("pL", lambda op: store.put(make_group("L"), False, op_id=op).status) == "accepted"
+    assert (store.stats().live_accepted, store.stats().live_held) == (1, 1)
     assert list(client.scan_iter(match=f"turnrl:{{{run}}}:stage:*")) == []  # re-sent puts' staging
 
 

@@ -38,6 +38,7 @@ def _add_bobs_run(cfg: ServiceConfig, state) -> None:
             {"step": 2, "reward/outcome_mean": 0.5, "replay/ready": 1}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "repl')
     (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run_dir / "live.json").write_text(json.dumps({"base_url": "http://10.0.0.5:8100/v1", "model": "turnrl-policy"}))
     state.manager.registry.add(RunRecord(id="bobs-run-00000001", owner="bob", name="bobs-run", status="succeeded",
                                          run_dir=str(run_dir), total_steps=2, created_at=1.0, updated_at=2.0))
 
@@ -63,6 +64,7 @@ def test_a_token_sees_only_its_own_runs(service: Service) -> None:
     own = httpx.get(f"{service.url}/v1/runs/bobs-run-00000001", headers=bearer(BOB))
     assert own.status_code == 200 and own.json()["owner"] == "bob"
     assert own.json()["checkpoints"][0]["name"] == "step_000002" and own.json()["step"] == 2
+    assert own.json()["live_url"] == "http://10.0.0.5:8100/v1"  # the run's live endpoint (live.json)
     other = httpx.get(f"{service.url}/v1/runs/bobs-run-00000001", headers=bearer(ALICE))
     missing = httpx.get(f"{service.url}/v1/runs/no-such-run", headers=bearer(ALICE))
     assert other.status_code == missing.status_code == 404 and other.json() == missing.json()  # no existence leak

@@ -84,7 +84,9 @@ def test_replay_host_serves_depth_and_staleness_histogram() -> None:
     assert value(hist, "turnrl_replay_staleness_versions_bucket", le="1.0") == 2
     assert value(hist, "turnrl_replay_staleness_versions_bucket", le="+Inf") == 2
     assert value(hist, "turnrl_replay_staleness_versions_sum") == 1
-    assert value(fams["turnrl_replay_accepted_groups"], "turnrl_replay_accepted_groups_total") == 3
+    accepted = fams["turnrl_replay_accepted_groups"]
+    assert value(accepted, "turnrl_replay_accepted_groups_total", origin="rollout") == 3
+    assert value(accepted, "turnrl_replay_accepted_groups_total", origin="live") == 0
     assert value(fams["turnrl_metrics_errors"], "turnrl_metrics_errors_total") == 0
 
 
