@@ -130,8 +130,11 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     # Subclasses that add a Prometheus endpoint (cluster/telemetry.py); the workers stay plain.
     Replay, Rollout, Learner = (instrument(ReplayHost, "replay"), instrument(RolloutWorker, "rollout"),
                                 instrument(LearnerWorker, "learner"))
+    live_groups = cfg.train.live_groups(cfg.learner.batch_groups)
+    # Admission paces the producers by the scheduled share of each batch (live groups are
+    # put unscheduled and bounded on their own).
     replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}").remote(
-        cfg.replay, cfg.learner.batch_groups, run_dir, run_id)
+        cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
     broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
     reward = start_reward_service(cfg, replay, broker, str(policy_path))
     envs = start_env_hosts(cfg)
@@ -143,9 +146,11 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
             i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
-    learner = ray.remote(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
+    # "control" runs interrupt() beside a train_step blocked waiting for a batch.
+    learner = ray.remote(Learner).options(num_cpus=cfg.learner.num_cpus, concurrency_groups={"control": 1}).remote(
         cfg.learner, str(policy_path), run_dir, ActorLearnerPorts(replay, broker),
-        group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume)
+        group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume,
+        live_groups=live_groups)
     started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.config import EnvConfig, SearchQAConfig
 from gateway.config import LiveConfig
@@ -65,6 +65,22 @@ class TrainConfig(BaseModel):
     """True: generation and training overlap. False: they alternate (for comparison)."""
     seed: int = 0
     """Seed for task order and sampling."""
+    source: Literal["rollout", "live", "mixed"] = "rollout"
+    """What the learner trains on: ``rollout`` (groups the rollout workers generate in the
+    environment), ``live`` (sessions served through the live endpoint, ``live.enabled``; no
+    rollout loop runs) or ``mixed`` (every batch holds a fixed share of live sessions,
+    ``live_fraction``, and rollout groups for the rest; the learner waits for both)."""
+    live_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    """``mixed`` only: the share of each batch's ``learner.batch_groups`` that are live
+    sessions, rounded to a whole number of groups between 1 and batch_groups - 1."""
+
+    def live_groups(self, batch_groups: int) -> int:
+        """Live sessions in every batch of ``batch_groups`` groups."""
+        if self.source == "live":
+            return batch_groups
+        if self.source == "mixed":
+            return min(max(round(self.live_fraction * batch_groups), 1), batch_groups - 1)
+        return 0
 
 
 class RunConfig(BaseModel):
@@ -98,6 +114,21 @@ class RunConfig(BaseModel):
     """The OpenAI-compatible endpoint that serves the policy while it trains (off by default)."""
     progress: Literal["bar", "log", "none"] = "bar"
     """Console progress: a live bar, one log line per step, or nothing."""
+
+    @model_validator(mode="after")
+    def _live_source_is_served(self) -> "RunConfig":
+        if self.train.source == "rollout":
+            return self
+        if not self.live.enabled:
+            raise ValueError(f"train.source={self.train.source!r} trains on served sessions: set "
+                             "live.enabled=true, or train.source=rollout")
+        if not self.train.async_:
+            raise ValueError(f"train.source={self.train.source!r} needs train.async=true (sync mode "
+                             "collects rollouts between steps; live sessions arrive on their own)")
+        if self.train.source == "mixed" and self.learner.batch_groups < 2:
+            raise ValueError("train.source=mixed needs learner.batch_groups >= 2 (one live group "
+                             "and one rollout group at least)")
+        return self
 
 
 class ConfigError(ValueError):

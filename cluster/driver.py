@@ -116,7 +116,8 @@ def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> d
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult) -> int:
     import ray
 
-    rollout_refs = [w.run.remote() for w in actors.rollouts] if cfg.train.async_ else []
+    rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
+    rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     last: dict[str, float] = {}
     step = result.steps
@@ -209,6 +210,9 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
         monitor.close()
         for w in actors.rollouts:
             w.stop.remote()
+        # A step still waiting for a batch (the loop failed under it) would hold the
+        # checkpoint queued behind it for learner.claim_timeout_s.
+        actors.learner.interrupt.options(concurrency_group="control").remote()
         result.timings["train_s"] = time.time() - t_train
         result.checkpoint = _final_checkpoint(actors, on_stage)
     if heldout and not result.interrupted:

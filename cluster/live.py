@@ -44,8 +44,10 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
     from gateway.server import LiveGateway
 
     # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
+    # A run that trains on rollouts only serves and records sessions but never fills replay.
+    ports = ActorLivePorts(reward, replay) if cfg.train.source != "rollout" else None
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000).remote(
-        cfg.live, engine_client, ActorLivePorts(reward, replay), scorable_without_feedback(cfg), run_id,
+        cfg.live, engine_client, ports, scorable_without_feedback(cfg), run_id,
         str(Path(run_dir) / SESSIONS_FILE))
     url = ray.get(actor.start.remote())
     (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))

@@ -34,7 +34,10 @@ from rollout.engines.base import Completion, SamplingParams, add_span
 from rollout.engines.client import EngineClient
 from rollout.trajectory import Group
 
-EPISODE_RESULTS = ("recorded", "shed", "dropped_no_feedback", "dropped_unscorable", "client_disconnected")
+EPISODE_RESULTS = ("recorded", "shed", "not_trained", "dropped_no_feedback", "dropped_unscorable",
+                   "client_disconnected")
+"""What became of each closed segment: ``recorded`` into replay, ``shed`` (replay refused it:
+full, stale), ``not_trained`` (the run trains on rollouts only: kept in live_sessions.jsonl)."""
 
 
 class Overloaded(GatewayError):
@@ -240,7 +243,7 @@ class LiveService:
             traj = seg.trajectory
             status = "no_replay" if self.ports is None else await self.ports.submit(
                 Group(group_id=traj.group_id, task_id=traj.task_id, trajectories=[traj]))
-            self._episodes["recorded" if status == "accepted" else "shed"] += 1
+            self._episodes[{"accepted": "recorded", "no_replay": "not_trained"}.get(status, "shed")] += 1
             if self.record_path is not None:  # what was served, as recorded (before scoring)
                 with self.record_path.open("a") as fh:
                     fh.write(json.dumps({"replay": status, "trajectory": traj.model_dump(mode="json")}) + "\n")

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from learner.advantages.config import EstimatorConfig, GRPOConfig
+from learner.advantages.config import EstimatorConfig, GRPOConfig, LiveBaselineConfig
 from learner.losses.config import LossConfig, PPOLossConfig
 
 
@@ -116,6 +116,9 @@ class LearnerConfig(BaseModel):
     """Training precision (fp16 is refused on CPU by DeepSpeed)."""
     estimator: EstimatorConfig = GRPOConfig()
     """Advantage estimator, selected by ``type``."""
+    live_baseline: LiveBaselineConfig = LiveBaselineConfig()
+    """Estimator of live sessions (groups of one, so no group baseline): a running baseline
+    per reward source. Scheduled groups use ``estimator``."""
     loss: LossConfig = PPOLossConfig()
     """Policy loss, selected by ``type``."""
     checkpoint_every: int = Field(0, ge=0)

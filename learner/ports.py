@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-from replay.base import Claim
+from replay.base import Claim, LiveShare
 
 
 class LearnerPorts(Protocol):
-    def claim(self, n: int) -> Claim | None: ...
+    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None: ...
     def ack(self, claim_id: str, version: int) -> None: ...
     def commit(self, version: int) -> None: ...
     def publish(self, version: int, state: Mapping[str, Any]) -> None: ...
@@ -21,10 +21,10 @@ class ActorLearnerPorts:
     def __init__(self, replay: Any, broker: Any) -> None:
         self.replay, self.broker = replay, broker
 
-    def claim(self, n: int) -> Claim | None:
+    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
         import ray
 
-        return ray.get(self.replay.claim.remote(n))
+        return ray.get(self.replay.claim.remote(n, live))
 
     def ack(self, claim_id: str, version: int) -> None:
         import ray

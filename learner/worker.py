@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 
 from learner.advantages import compute_advantages, read_sources
-from learner.advantages.batch import turn_batch_from_trajectories
+from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
+from learner.advantages.live import Moments, running_baseline
 from learner.batching import TokenBatch, build_token_batch
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import full_state_dict, init_engine
@@ -38,7 +40,8 @@ from rollout.trajectory import Trajectory
 
 class LearnerWorker:
     def __init__(self, cfg: LearnerConfig, model_path: str, run_dir: str, ports: LearnerPorts,
-                 *, group_size: int, temperature: float, resume: bool = False) -> None:
+                 *, group_size: int, temperature: float, resume: bool = False,
+                 live_groups: int = 0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(cfg.torch_threads)
@@ -51,7 +54,14 @@ class LearnerWorker:
         self.ref = None
         if cfg.loss.type == "ppo" and cfg.loss.kl_coef > 0:
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        self.rows = cfg.batch_groups * group_size
+        self.live_groups = live_groups
+        """Live groups (sessions, one trajectory each) in every claimed batch; the rest are
+        scheduled groups of ``group_size``."""
+        self.rows = (cfg.batch_groups - live_groups) * group_size + live_groups
+        self.live_state: dict[str, Moments] = {
+            src: Moments(*m) for src, m in (state or {}).get("live_baseline", {}).items()}
+        """Running baselines of the live estimator, per reward source (checkpointed)."""
+        self._interrupted = threading.Event()
         self.micro_batches = math.ceil(self.rows / cfg.micro_batch_size)
         self.engine = init_engine(model, cfg, self.micro_batches)
         # Trajectory balance's learned log Z: a table per task, in its own optimiser at its
@@ -75,12 +85,19 @@ class LearnerWorker:
     # -- one step ------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        claim = wait_claim(self.ports.claim, self.cfg.batch_groups, self.cfg.claim_timeout_s)
+        live = (self.live_groups, self.live_groups) if self.live_groups else None
+        claim = wait_claim(lambda n: self.ports.claim(n, live), self.cfg.batch_groups,
+                           self.cfg.claim_timeout_s, should_stop=self._interrupted.is_set)
+        if claim is None and self._interrupted.is_set():
+            raise InterruptedError("the learner was told to stop waiting for a batch (the run is ending)")
         if claim is None:
             raise TimeoutError(
-                f"learner waited {self.cfg.claim_timeout_s:.0f}s for {self.cfg.batch_groups} groups: "
-                "rollout actors are not producing (see their errors above) or replay refuses them"
-            )
+                f"learner waited {self.cfg.claim_timeout_s:.0f}s for {self.cfg.batch_groups} groups "
+                f"({self.live_groups} of them live sessions): "
+                + ("no live sessions were recorded into replay (is traffic reaching the live "
+                   "endpoint, and are sessions ended or given feedback?) or " if self.live_groups else "")
+                + "rollout actors are not producing (see their errors above) or replay refuses "
+                "them; learner.claim_timeout_s sets the wait")
         t1 = time.perf_counter()
         trajs = [t for g in claim.groups for t in g.trajectories]
         metrics = self._update(trajs)
@@ -142,6 +159,32 @@ class LearnerWorker:
         # must leave the loss too, not train with advantage 0 and dilute the token mean.
         return res, mask if res.mask is None else mask & res.mask
 
+    def _all_advantages(self, trajs: list[Trajectory]
+                        ) -> tuple[list[Trajectory], AdvantageResult, np.ndarray]:
+        """Scheduled groups through ``estimator``, live sessions through the running baseline
+        (``live_baseline``); returns the trajectories reordered (scheduled first) to match."""
+        sched = [t for t in trajs if not t.metadata.get("live")]
+        live = [t for t in trajs if t.metadata.get("live")]
+        parts = [self._advantages(sched)] if sched else []
+        if live:
+            parts.append(self._live_advantages(live))
+        if len(parts) == 1:
+            return sched + live, *parts[0]
+        (a, mask_a), (b, mask_b) = parts
+        clips = [None, None]
+        if a.clip_low is not None:  # per-turn clips (a2tgpo): live turns take the loss's own
+            loss = self.cfg.loss
+            clips = [np.concatenate([a.clip_low, np.full(len(b.advantages), loss.clip_low)]),
+                     np.concatenate([a.clip_high, np.full(len(b.advantages), loss.clip_high)])]
+        res = AdvantageResult(np.concatenate([a.advantages, b.advantages]), *clips)
+        return sched + live, res, np.concatenate([mask_a, mask_b])
+
+    def _live_advantages(self, live: list[Trajectory]) -> tuple[AdvantageResult, np.ndarray]:
+        batch = turn_batch_from_trajectories(live)
+        weights = next((t.metadata["reward_weights"] for t in live if "reward_weights" in t.metadata), None)
+        res, self.live_state = running_baseline(batch, self.cfg.live_baseline, self.live_state, weights)
+        return res, res.mask
+
     def _update(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Advantages, then ``ppo_epochs`` x ``mini_batches`` optimizer steps on the batch.
 
@@ -150,7 +193,7 @@ class LearnerWorker:
         mini-batch the single step is on-policy: the old log-probs are the current ones,
         detached, without a second forward pass (today's behaviour, exactly)."""
         t0 = time.perf_counter()
-        res, mask = self._advantages(trajs)
+        trajs, res, mask = self._all_advantages(trajs)
         tb = build_token_batch(trajs, res.advantages, mask, self.tokenizer.pad_token_id,
                                res.clip_low, res.clip_high)
         t1 = time.perf_counter()
@@ -282,7 +325,8 @@ class LearnerWorker:
         if self.log_z is not None:
             torch.save({"table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(),
                         "task_codes": self.task_codes}, self._log_z_path(tag))
-        state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag}
+        state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
+                 "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.live_state.items()}}
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "state.json")
@@ -309,6 +353,12 @@ class LearnerWorker:
     def _resume_state(self) -> dict[str, Any] | None:
         path = self.run_dir / "state.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+    def interrupt(self) -> None:
+        """Make a ``train_step`` waiting for a batch give up now (it raises InterruptedError),
+        so the checkpoint queued behind it runs. Called on the actor's ``control`` concurrency
+        group, which is not blocked by the step."""
+        self._interrupted.set()
 
     def get_version(self) -> int:
         return self.version

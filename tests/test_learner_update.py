@@ -137,3 +137,35 @@ def test_epochs_reuse_the_old_logprobs(tiny_policy, tmp_path) -> None:
     assert out["loss/updates"] == 1.0 and out["loss/ratio_min"] == out["loss/ratio_max"] == 1.0
     with pytest.raises(ValueError, match=r"learner\.mini_batches=5 exceeds the batch's 4 rows"):
         _worker(tiny_policy[0], tmp_path / "many", mini_batches=5)._update(_trajectories(None))
+
+
+def _sequence_logprob(model, prompt: list[int], action: list[int]) -> float:
+    ids = torch.tensor([prompt + action])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+    return float(sum(logp[len(prompt) - 1 + i, tok] for i, tok in enumerate(action)))
+
+
+def test_live_sessions_with_higher_reward_gain_probability(tiny_policy, tmp_path) -> None:
+    # Issue 16 item 5. Two live sessions (groups of one, as the gateway records them) with
+    # the same prompt and different answers; the client rated one 1.0 and the other 0.0. A
+    # group baseline would give both advantage 0; the running baseline (here, before any
+    # history, the other session's outcome) gives +1 and -1, and one DeepSpeed update moves
+    # probability from the low-rated answer to the high-rated one.
+    worker = _worker(tiny_policy[0], tmp_path, lr=1e-2)
+    worker.live_groups = 2
+    prompt, good, bad = [5, 6, 7, 8], [40, 41, 42, 43], [90, 91, 92, 93]
+    sessions = [Trajectory(trajectory_id=name, task_id="live", group_id=f"live-{name}", prompt_ids=prompt,
+                           turns=[Turn(action_ids=action, action_logprobs=[-1.0] * 4, policy_version=0)],
+                           outcome=outcome, metadata={"live": True})
+                for name, action, outcome in (("good", good, 1.0), ("bad", bad, 0.0))]
+    model = worker.engine.module
+    before = [_sequence_logprob(model, prompt, a) for a in (good, bad)]
+    metrics = worker._update(sessions)
+    after = [_sequence_logprob(model, prompt, a) for a in (good, bad)]
+    assert metrics["adv/abs_mean"] == pytest.approx(1.0)
+    assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1
+    # the baseline now has history: the EMA (decay 0.9) of 1.0 then 0.0 is m1 = 0.9 * 0.1 =
+    # 0.09, bias-corrected by 1 - 0.9^2 = 0.19: mean 9/19, saved with the next checkpoint
+    assert worker.live_state["outcome"].n == 2
+    assert worker.live_state["outcome"].mean_var(0.9)[0] == pytest.approx(9 / 19)

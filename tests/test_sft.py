@@ -25,7 +25,8 @@ class _Replay:
     async def generate(self, prompt_ids, params):
         self.contexts.append(list(prompt_ids))
         ids = self.actions.pop(0)
-        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", version=0)
+        return Completion(request_id=f"replay-{len(self.contexts)}", token_ids=ids, logprobs=[0.0] * len(ids),
+                          finish_reason="stop", version_spans=[(0, 0)])
 
 
 @pytest.fixture(scope="module")

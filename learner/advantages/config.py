@@ -222,3 +222,19 @@ ESTIMATOR_CONFIGS: dict[str, type[BaseModel]] = {
                 PRMEstimatorConfig, GiGPOConfig, HGPOConfig)
 }
 """Config class per estimator name, for tools that build a config from a name."""
+
+
+class LiveBaselineConfig(BaseModel):
+    """Live sessions' estimator (``learner/advantages/live.py``): each reward source's value
+    minus a running baseline over earlier live sessions, accumulated backward over turns."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    decay: float = Field(0.9, gt=0.0, lt=1.0)
+    """EMA decay of each source's baseline, per value (0.9: about the last 10 sessions)."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount of the backward accumulation over a session's turns (1: every earlier turn
+    gets the full outcome, as GRPO's broadcast does)."""
+    var_floor: float = Field(0.01, ge=0.0)
+    """Smallest variance divided by, so a source whose history barely varies is not
+    stretched (0.01 on [0, 1] rewards: at most 10x)."""
