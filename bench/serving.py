@@ -61,7 +61,7 @@ class Stack:
         from gateway.config import LiveConfig
         from gateway.server import LiveGateway
         from replay.config import ReplayConfig
-        from replay.memory import InProcessReplay
+        from replay.memory import InProcessReplayStore
         from rewards.config import RewardsConfig
         from rewards.service import RewardService
         from rollout.config import HFEngineConfig
@@ -70,7 +70,7 @@ class Stack:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.engine = local_client(HFEngineConfig(), policy)
-        self.store = InProcessReplay(ReplayConfig(eta=1_000_000, live_capacity_groups=512), batch_groups=1)
+        self.store = InProcessReplayStore(ReplayConfig(eta=1_000_000, live_capacity_groups=512), batch_groups=1)
 
         async def put(group, scheduled=True):
             return self.store.put(group, scheduled=scheduled)

@@ -147,7 +147,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         for i in range(cfg.rollout.num_workers)
     ]
     # "control" runs interrupt() beside a train_step blocked waiting for a batch.
-    learner = ray.remote(Learner).options(num_cpus=cfg.learner.num_cpus, concurrency_groups={"control": 1}).remote(
+    learner = ray.remote(concurrency_groups={"control": 1})(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
         cfg.learner, str(policy_path), run_dir, ActorLearnerPorts(replay, broker),
         group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume,
         live_groups=live_groups)

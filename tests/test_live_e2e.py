@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 TOKEN = "live-e2e-token"
 
 
-def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[str]:
-    """Ask, run the tool call the model makes (a canned result), ask again; returns the texts."""
+def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[str | None]:
+    """Ask, run the tool call the model makes (a canned result), ask again; returns each
+    reply's text when it was a plain answer (None for a tool call: its text was parsed)."""
     headers = {"X-Session-Id": sid}
     first = client.chat.completions.create(model="turnrl-policy", messages=task.messages, tools=task.tools,
                                            temperature=0.7, max_tokens=48, extra_headers=headers)
@@ -34,16 +35,22 @@ def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[
     kwargs = dict(model="turnrl-policy", messages=messages, tools=task.tools, temperature=0.7, max_tokens=48,
                   extra_headers=headers)
     if stream:
-        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
-                       if c.choices)
+        chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        called = any(c.choices[0].delta.tool_calls for c in chunks)
     else:
-        text = client.chat.completions.create(**kwargs).choices[0].message.content or ""
-    return [msg.content or "", text]
+        second = client.chat.completions.create(**kwargs).choices[0].message
+        text, called = second.content or "", bool(second.tool_calls)
+    return [None if msg.tool_calls else msg.content or "", None if called else text]
 
 
 def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, agent_policy, ray_cluster,
                                                             tmp_path) -> None:
+    from transformers import AutoTokenizer
+
     from cluster.driver import train
+
+    tokenizer = AutoTokenizer.from_pretrained(agent_policy[0])
 
     cfg = tiny_run_config(["policy.sft.steps=300", f"output_dir={tmp_path}", "name=live",
                            "live.enabled=true", f"live.tokens=[{TOKEN}]", "live.feedback_timeout_s=600",
@@ -64,9 +71,10 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     auth = {"Authorization": f"Bearer {TOKEN}"}
     tasks = agent_policy[1].tasks("train")
     sids = [f"agent-{i}" for i in range(4)]
+    texts: dict[str, list[str | None]] = {}
     with httpx.Client(timeout=60) as http:
         for i, sid in enumerate(sids):
-            _agent_session(client, tasks[i], sid, stream=bool(i % 2))
+            texts[sid] = _agent_session(client, tasks[i], sid, stream=bool(i % 2))
             fb = http.post(f"{base}/sessions/{sid}/feedback", headers=auth,
                            json={"outcome": float(i % 2), "turn_rewards": [0.1, float(i % 2)]})
             assert fb.status_code == 200 and fb.json()["turns"] == 2
@@ -81,10 +89,24 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     assert not runner.is_alive() and outcome["result"].steps == 2
     assert answered >= 1
     trained = [json.loads(line) for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
-    trained_ids = {g for row in trained for g in row["groups"]}
-    # every one of the four sessions was one stitched segment, and all four were trained on
-    assert {g.split(":")[1] for g in trained_ids} == set(sids)
-    assert len(trained_ids) == 4
+    trained_ids = [g for row in trained for g in row["group_ids"]]
+    # group ids are live:<session>:<segment>:<nonce>; each session was one stitched segment, and
+    # the two steps trained all four sessions, two each, and nothing else
+    assert sorted(g.split(":")[1] for g in trained_ids) == sids
+    assert {g.split(":")[2] for g in trained_ids} == {"0"} and [row["version"] for row in trained] == [1, 2]
+    recorded = [json.loads(line) for line in (run_dir / "live_sessions.jsonl").read_text().splitlines()]
+    assert sorted(r["trajectory"]["group_id"] for r in recorded) == sorted(trained_ids)
+    for row in recorded:
+        traj = row["trajectory"]
+        assert row["replay"] == "accepted" and len(traj["turns"]) == 2  # both requests, one segment
+        session = texts[traj["group_id"].split(":")[1]]
+        for turn, served in zip(traj["turns"], session):
+            assert len(turn["action_logprobs"]) == len(turn["action_ids"]) > 0
+            if served is not None:  # a plain answer: the served text is the sampled tokens' text
+                assert tokenizer.decode(turn["action_ids"], skip_special_tokens=True).strip() == served.strip()
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["version"] == 2 if "version" in metrics[-1] else metrics[-1]["step"] == 2
+    assert [m["version"] for m in metrics] == [1, 2]
+    assert [m["live/trained_sessions"] for m in metrics] == [2.0, 2.0]
+    # scored: the clients' outcomes 0, 1, 0, 1 reached the learner (mean of the steps' means)
+    assert sum(m["reward/outcome_mean"] for m in metrics) / 2 == pytest.approx(0.5)
     assert not Path(live_file).exists()  # the endpoint is gone with the run
