@@ -58,12 +58,11 @@ class Stack:
     """Gateway + engine + reward service + replay on one event-loop thread."""
 
     def __init__(self, policy: str) -> None:
+        from cluster.live import LocalLivePorts, local_reward_service
         from gateway.config import LiveConfig
         from gateway.server import LiveGateway
         from replay.config import ReplayConfig
         from replay.memory import InProcessReplayStore
-        from rewards.config import RewardsConfig
-        from rewards.service import RewardService
         from rollout.config import HFEngineConfig
         from rollout.engines import local_client
 
@@ -71,28 +70,14 @@ class Stack:
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.engine = local_client(HFEngineConfig(), policy)
         self.store = InProcessReplayStore(ReplayConfig(eta=1_000_000, live_capacity_groups=512), batch_groups=1)
-
-        async def put(group, scheduled=True):
-            return self.store.put(group, scheduled=scheduled)
-
-        self.reward = RewardService(RewardsConfig(), ReplayConfig(), put)
-        self.gateway = LiveGateway(LiveConfig(enabled=True, default_max_tokens=24), self.engine, _Ports(self))
+        self.reward = local_reward_service(self.store)
+        self.gateway = LiveGateway(LiveConfig(enabled=True, default_max_tokens=24), self.engine,
+                                   LocalLivePorts(self.reward, self.store))
         self.url = self.run(self.gateway.start())
         self.version = 0
 
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=600)
-
-
-class _Ports:
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
-
-    async def submit(self, group: Any) -> str:
-        return (await self.stack.reward.submit_live(group)).status
-
-    async def live_room(self) -> int:
-        return self.stack.store.live_room()
 
 
 async def session(http: httpx.AsyncClient, url: str, sid: str, task: Any, lat: list[float], failed: list[str]) -> None:

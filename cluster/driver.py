@@ -182,6 +182,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
             result.steps = _resume_replay(actors, run_dir, on_stage)
         _run_stages(cfg, actors, source.tasks("heldout")[: cfg.eval.num_tasks], result, on_stage)
     finally:
+        _stop_gateway(actors)
         for actor in actors.all():
             ray.kill(actor)
         (run_dir / "live.json").unlink(missing_ok=True)  # the endpoint is gone with the run
@@ -190,6 +191,19 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
         {"steps": result.steps, "checkpoint": result.checkpoint, "interrupted": result.interrupted,
          "eval": result.eval, "timings": result.timings}, indent=2))
     return result
+
+
+def _stop_gateway(actors: Any) -> None:
+    """Let the live endpoint finish the requests it is answering (it stops accepting new ones)
+    before the engines under it go away."""
+    import ray
+
+    if actors.gateway is None:
+        return
+    try:
+        ray.get(actors.gateway.stop.remote(), timeout=30)
+    except Exception:  # noqa: BLE001 - killed next anyway; a dead gateway has nothing to drain
+        pass
 
 
 def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResult,

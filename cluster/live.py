@@ -31,6 +31,32 @@ class ActorLivePorts:
         return await self.replay.live_room.remote()
 
 
+class LocalLivePorts:
+    """An in-process reward service and replay store as the gateway's ``LivePorts`` (benches,
+    tests, embedding the gateway without Ray)."""
+
+    def __init__(self, reward: Any, store: Any) -> None:
+        self.reward, self.store = reward, store
+
+    async def submit(self, group: Any) -> str:
+        return (await self.reward.submit_live(group)).status
+
+    async def live_room(self) -> int:
+        return self.store.live_room()
+
+
+def local_reward_service(store: Any, rewards_cfg: Any = None) -> Any:
+    """A ``RewardService`` (no model-based scorers) that puts into the in-process ``store``."""
+    from replay.config import ReplayConfig
+    from rewards.config import RewardsConfig
+    from rewards.service import RewardService
+
+    async def put(group: Any, scheduled: bool = True) -> Any:
+        return store.put(group, scheduled)
+
+    return RewardService(rewards_cfg or RewardsConfig(), ReplayConfig(), put)
+
+
 def scorable_without_feedback(cfg: RunConfig) -> bool:
     """A session that never gets feedback can still be scored when a PRM or judge runs."""
     return cfg.rewards.prm is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -21,6 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.service import LiveService, Overloaded
+
+log = logging.getLogger(__name__)
 
 
 class Unauthorized(GatewayError):
@@ -53,6 +56,15 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
     async def _on_gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         metrics.requests.labels(_route(request), str(exc.status)).inc()
         return _error(exc)
+
+    @app.exception_handler(Exception)
+    async def _on_bug(request: Request, exc: Exception) -> JSONResponse:
+        # A bug or a dead engine: logged with its traceback, counted, and named to the client.
+        log.error("gateway: %s failed", _route(request), exc_info=exc)
+        metrics.requests.labels(_route(request), "500").inc()
+        return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}: {exc}",
+                                       "type": "server_error", "param": None, "code": None}},
+                            status_code=500)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

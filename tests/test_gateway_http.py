@@ -23,11 +23,11 @@ TOKEN = "tok-live-test"
 class Served:
     """A gateway on its own event loop thread (as in its Ray actor), reachable over HTTP."""
 
-    def __init__(self, cfg: LiveConfig, policy: str) -> None:
+    def __init__(self, cfg: LiveConfig, policy: str, ports=None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), run_id="t1")
+        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), ports, run_id="t1")
         self.url = self.call(self.gateway.start())
 
     def call(self, coro):
@@ -130,3 +130,49 @@ def test_feedback_is_validated_against_the_session(served) -> None:
         in metrics
     assert 'turnrl_gateway_requests_total{route="/v1/chat/completions",run="t1",status="200"} 1.0' in metrics
     assert "turnrl_gateway_request_latency_seconds_bucket" in metrics
+
+
+def _one_session(url: str, sid: str) -> httpx.Response:
+    """A one-request session with feedback and end; returns the chat response."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    reply = httpx.post(f"{url}/chat/completions", headers={**auth, "X-Session-Id": sid}, timeout=60,
+                       json={"model": "turnrl-policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    if reply.status_code == 200:
+        assert httpx.post(f"{url}/sessions/{sid}/feedback", headers=auth, json={"outcome": 1.0}).status_code == 200
+        assert httpx.post(f"{url}/sessions/{sid}/end", headers=auth).status_code == 200
+    return reply
+
+
+@pytest.mark.parametrize("when_full", ["shed", "reject"])
+def test_a_full_live_budget_sheds_recordings_or_answers_429(agent_policy, when_full) -> None:
+    # Real reward service and in-process replay with room for one live group (issue 16, item 6).
+    from cluster.live import LocalLivePorts, local_reward_service
+    from replay.config import ReplayConfig
+    from replay.memory import InProcessReplayStore
+
+    store = InProcessReplayStore(ReplayConfig(live_capacity_groups=1), batch_groups=1)
+    cfg = LiveConfig(enabled=True, tokens=[TOKEN], when_full=when_full, retry_after_s=7)
+    served = Served(cfg, agent_policy[0], LocalLivePorts(local_reward_service(store), store))
+    try:
+        assert _one_session(served.url, "s1").status_code == 200
+        served.call(served.gateway.drain())
+        assert store.stats().live_held == 1 and store.live_room() == 0
+        second = _one_session(served.url, "s2")
+        served.call(served.gateway.drain())
+        episodes = served.gateway.stats()["episodes"]
+        if when_full == "shed":  # served all the same; the recording is refused and counted
+            assert second.status_code == 200 and second.json()["choices"][0]["message"]["role"] == "assistant"
+            assert (episodes["recorded"], episodes["shed"]) == (1, 1)
+            assert store.stats().refused == {"live_full": 1}
+        else:  # refused before any engine work, with the wait the operator configured
+            assert second.status_code == 429 and second.headers["retry-after"] == "7"
+            assert second.json()["error"]["type"] and "full" in second.json()["error"]["message"]
+            assert (episodes["recorded"], episodes["shed"]) == (1, 0) and store.stats().refused == {}
+        # the learner takes the live group: room again, and the next session is recorded
+        claim = store.claim(1, live=(1, 1))
+        store.ack(claim.claim_id, 1)
+        assert _one_session(served.url, "s3").status_code == 200
+        served.call(served.gateway.drain())
+        assert served.gateway.stats()["episodes"]["recorded"] == 2
+    finally:
+        served.close()

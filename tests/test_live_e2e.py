@@ -79,12 +79,17 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
                            json={"outcome": float(i % 2), "turn_rewards": [0.1, float(i % 2)]})
             assert fb.status_code == 200 and fb.json()["turns"] == 2
             assert http.post(f"{base}/sessions/{sid}/end", headers=auth).json()["submitted"] is True
-        # the endpoint keeps answering while the learner trains on those sessions
+        # the endpoint keeps answering while the learner trains on those sessions (until its
+        # second step is logged: after that the run ends and takes the endpoint with it)
         answered = 0
-        while runner.is_alive() and time.time() < deadline + 300:
+        trained_log = run_dir / "trained_groups.jsonl"
+        while True:  # the run cannot end before the last session's feedback is scored and trained
             reply = client.chat.completions.create(model="turnrl-policy", max_tokens=8,
                                                    messages=[{"role": "user", "content": "still there?"}])
             answered += reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+            if trained_log.exists() and len(trained_log.read_text().splitlines()) >= 2:
+                break
+            assert runner.is_alive() and time.time() < deadline + 300, "the run stopped before training twice"
     runner.join(timeout=60)
     assert not runner.is_alive() and outcome["result"].steps == 2
     assert answered >= 1

@@ -2,9 +2,11 @@
 training runs as Ray jobs, the API over HTTP, a restart mid-run, a graceful stop, the CLI,
 Prometheus endpoints of live actors, and the dashboard driven in headless Chromium.
 
-The tests share one service and run in file order: run A trains long enough to be watched
-and keeps running through a service restart until it is stopped; run B is short and
-finishes while the service is down.
+The tests share one service (module fixture ``stack``) and two runs (module fixture ``runs``,
+submitted by whichever test needs them first): run A trains long enough to be watched and
+keeps running until it is stopped; run B is short. Each test also runs alone: it waits for
+the state it needs (B finished, A past a step) instead of relying on an earlier test. In file
+order, the restart test comes first so that B finishes while the service is down.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Stack:
         self.log = tmp / "service.log"
         self.proc: subprocess.Popen | None = None
         self.ids: dict[str, str] = {}
+        self.submitted: dict[str, dict[str, Any]] = {}
+        """What the service answered when each run was submitted (``runs`` fixture)."""
 
     def start(self, wait: bool = True) -> None:
         with self.log.open("ab") as log:
@@ -123,6 +127,21 @@ def stack(request, tmp_path_factory, policy_cache) -> Iterator[Stack]:
         assert all(token not in log for token in (ALICE, BOB, VIEWER)), "a token reached the service log"
 
 
+@pytest.fixture(scope="module")
+def runs(stack: Stack) -> dict[str, str]:
+    """Run A (500 steps, stopped by the last test) and run B (2 steps), submitted once."""
+    with stack.client() as client:
+        stack.submitted["A"] = client.submit(run_body("long", steps=500))
+        stack.submitted["B"] = client.submit(run_body("short", steps=2))
+    stack.ids.update(A=stack.submitted["A"]["id"], B=stack.submitted["B"]["id"])
+    return stack.ids
+
+
+def _wait_status(client: ServiceClient, run_id: str, status: str, timeout_s: float = WAIT_S) -> dict[str, Any]:
+    return wait_for(lambda: (d := client.status(run_id))["status"] == status and d, f"{run_id} to be {status}",
+                    timeout_s=timeout_s)
+
+
 def _ray_cli(*args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "job", *args], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
@@ -130,13 +149,11 @@ def _ray_cli(*args: str) -> str:
     return out.stdout
 
 
-def test_submit_then_restart_mid_run(stack: Stack) -> None:
+def test_submit_then_restart_mid_run(stack: Stack, runs: dict[str, str]) -> None:
     from ray.job_submission import JobSubmissionClient
 
+    long, short = stack.submitted["A"], stack.submitted["B"]
     with stack.client() as client:
-        long = client.submit(run_body("long", steps=500))
-        short = client.submit(run_body("short", steps=2))
-        stack.ids.update(A=long["id"], B=short["id"])
         assert long["status"] == "pending" and long["id"].startswith("long-") and long["total_steps"] == 500
         assert [r["id"] for r in client.list()] == [short["id"], long["id"]]  # newest first
     ray_url = stack.ray_url
@@ -155,7 +172,7 @@ def test_submit_then_restart_mid_run(stack: Stack) -> None:
         assert client.status(long["id"])["status"] == "running"  # reconnected, not restarted
 
 
-def test_status_logs_and_actor_metrics(stack: Stack) -> None:
+def test_status_logs_and_actor_metrics(stack: Stack, runs: dict[str, str]) -> None:
     run_id = stack.ids["A"]
     with stack.client() as client:
         before = wait_for(lambda: (d := client.status(run_id))["step"] >= 2 and d, "run A to train 2 steps")
@@ -172,18 +189,18 @@ def test_status_logs_and_actor_metrics(stack: Stack) -> None:
                 break
         assert "step " in seen and "[1/5]" not in seen
         endpoints = wait_for(lambda: client.status(run_id)["metrics_endpoints"], "actor metrics endpoints")
-    assert len(endpoints) == 4  # replay, reward, rollout, learner
+    assert len(endpoints) == 5  # replay, reward, rollout, engine, learner
     text = "".join(httpx.get(f"http://{ep}/metrics", timeout=10).text for ep in endpoints)
     assert "turnrl_learner_steps_total{run=" in text and "turnrl_engine_generated_tokens_total" in text
     assert "turnrl_replay_staleness_versions_bucket" in text and "turnrl_reward_trajectories_total" in text
     mirrored = stack.tmp / "state" / "prometheus" / f"{run_id}.json"  # what deploy/prometheus.yml globs
     wait_for(mirrored.exists, "the file_sd mirror of run A", timeout_s=30)
-    assert {e["labels"]["component"] for e in json.loads(mirrored.read_text())} == {"replay", "reward", "rollout",
-                                                                                    "learner"}
+    assert {e["labels"]["component"] for e in json.loads(mirrored.read_text())} == {
+        "replay", "reward", "rollout", "engine", "learner"}
     assert "[2/5] ray + actors" in _ray_cli("logs", run_id, "--address", stack.ray_url)
 
 
-def test_dashboard_renders_live_charts_in_chromium(stack: Stack, tmp_path) -> None:
+def test_dashboard_renders_live_charts_in_chromium(stack: Stack, runs: dict[str, str], tmp_path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (Debian package: chromium); the dashboard test needs it")
@@ -211,7 +228,7 @@ def test_dashboard_renders_live_charts_in_chromium(stack: Stack, tmp_path) -> No
         browser.close()
 
 
-def test_auth_and_validation_on_the_live_service(stack: Stack) -> None:
+def test_auth_and_validation_on_the_live_service(stack: Stack, runs: dict[str, str]) -> None:
     run_id = stack.ids["A"]
     assert httpx.get(f"{stack.url}/v1/runs/{run_id}").status_code == 401
     with stack.client(BOB) as bob, pytest.raises(ServiceError) as err:
@@ -225,8 +242,11 @@ def test_auth_and_validation_on_the_live_service(stack: Stack) -> None:
     assert err.value.status == 422 and err.value.detail[0]["loc"] == "rollout.group_size"
 
 
-def test_cli_lists_and_shows_runs(stack: Stack) -> None:
+def test_cli_lists_and_shows_runs(stack: Stack, runs: dict[str, str]) -> None:
     env = {**os.environ, "TURNRL_TOKEN": ALICE, "TURNRL_URL": stack.url}
+    with stack.client() as client:
+        _wait_status(client, runs["B"], "succeeded")
+        _wait_status(client, runs["A"], "running")
 
     def cli(*args: str) -> str:
         out = subprocess.run([sys.executable, "-m", "cluster.cli", "runs", *args], cwd=ROOT, env=env,
@@ -240,9 +260,11 @@ def test_cli_lists_and_shows_runs(stack: Stack) -> None:
     assert "done: 2 steps" in cli("logs", stack.ids["B"], "--tail", "50")
 
 
-def test_graceful_stop_writes_final_checkpoint_then_delete(stack: Stack) -> None:
+def test_graceful_stop_writes_final_checkpoint_then_delete(stack: Stack, runs: dict[str, str]) -> None:
     run_id = stack.ids["A"]
     with stack.client() as client:
+        _wait_status(client, runs["B"], "succeeded")  # deleted below, so it must be done
+        wait_for(lambda: client.status(run_id)["step"] >= 1, "run A to train a step")
         assert client.stop(run_id)["status"] == "stopping"
         done = wait_for(lambda: (d := client.status(run_id))["status"] in ("stopped", "failed") and d,
                         "run A to stop", timeout_s=180)
