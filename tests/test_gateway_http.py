@@ -119,12 +119,12 @@ def test_feedback_is_validated_against_the_session(served) -> None:
                        headers=headers)
         assert ok.status_code == 200 and ok.json()["turns"] == 1
         assert traj.outcome == 0.5 and traj.turns[0].rewards["env"] == 0.25
-        # no replay here: ending the session sheds its recording, and says so in the metrics
+        # no replay here (a run that trains on rollouts only): the recording is not trained on
         assert http.post(f"{base}/sessions/u-7/end", headers=headers).json()["submitted"] is True
         served.call(served.gateway.drain())
         metrics = http.get(f"{base[:-3]}/metrics").text
     # (the exposition format lists labels alphabetically)
-    assert 'turnrl_gateway_episodes_total{result="shed",run="t1"} 1.0' in metrics
+    assert 'turnrl_gateway_episodes_total{result="not_trained",run="t1"} 1.0' in metrics
     assert 'turnrl_gateway_feedback_total{result="invalid",run="t1"} 3.0' in metrics  # 404 + two 400s
     assert 'turnrl_gateway_requests_total{route="/v1/sessions/{session_id}/feedback",run="t1",status="400"} 2.0' \
         in metrics
