@@ -37,12 +37,13 @@ def _splits_build(cfg) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, needle", [("envs", "search step p50"), ("ig", "max |v - v_ref|"),
-                                            ("replay", "store put+claim+ack")])
+                                            ("replay", "store put+claim+ack"),
+                                            ("serving", "p99 ratio (publishes / none)")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--quick"],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert needle in proc.stdout
 
