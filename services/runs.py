@@ -88,8 +88,11 @@ def read_metrics(path: Path, cursor: int = 0, keys: set[str] | None = None) -> t
     end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
     rows = []
     for line in data[:end].splitlines():
-        if line.strip():
-            row = json.loads(line)
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # a line torn by a crash (the resumed run writes that step again)
+        if isinstance(row, dict):
             rows.append(_clean({k: v for k, v in row.items() if keys is None or k in keys}))
     return rows, cursor + end
 
@@ -99,7 +102,12 @@ def last_metrics(path: Path) -> dict[str, Any]:
         size = path.stat().st_size
     except FileNotFoundError:
         return {}
-    rows, _ = read_metrics(path, max(0, size - _TAIL_BYTES))
+    start = max(0, size - _TAIL_BYTES)
+    if start:  # begin at the first whole line of the tail
+        with path.open("rb") as fh:
+            fh.seek(start - 1)
+            start += len(fh.readline()) - 1
+    rows, _ = read_metrics(path, start)
     return rows[-1] if rows else {}
 
 

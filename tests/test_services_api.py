@@ -176,3 +176,19 @@ def test_stop_and_delete_respect_run_state(service: Service) -> None:
     res = httpx.post(f"{service.url}/v1/runs/live-00000002/stop", headers=bearer(BOB))
     assert res.status_code == 503  # Ray is down: the stop could not be delivered
     registry.delete("live-00000002")
+
+
+def test_last_metrics_of_a_long_run_starts_at_a_whole_line(tmp_path) -> None:
+    # A run past 256 KiB of metrics: the tail read begins mid-line, which used to answer
+    # GET /v1/runs/{id} with a 500 (JSONDecodeError on the cut line).
+    from services.runs import _TAIL_BYTES, last_metrics, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": i, "reward/outcome_mean": i / 7, "pad": "x" * 97} for i in range(3000)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    assert len(text) > _TAIL_BYTES and text[len(text) - _TAIL_BYTES - 1] != "\n"
+    path.write_text(text + '{"step": 3000, "rew')  # the row being written is not read yet
+    assert last_metrics(path)["step"] == 2999
+    # a line torn by a crash mid-file is skipped, not an error
+    path.write_text('{"step": 1}\n{"step": 2, "tor\n{"step": 3}\n')
+    assert [r["step"] for r in read_metrics(path)[0]] == [1, 3]

@@ -11,7 +11,8 @@ const CHARTS = [
                                 ["eval/success", "held-out success"]]},
   {id: "chart-staleness", series: [["staleness/mean", "mean"], ["staleness/max", "max"]]},
   {id: "chart-replay", series: [["replay/ready", "ready"], ["replay/running", "being generated"]]},
-  {id: "chart-live", series: [["live/requests_per_s", "requests/s"], ["live/recorded_per_s", "episodes recorded/s"],
+  // shown only for runs that serve live traffic (their rows carry live/* metrics)
+  {id: "chart-live", optional: true, series: [["live/requests_per_s", "requests/s"], ["live/recorded_per_s", "episodes recorded/s"],
                               ["live/sessions_open", "sessions open"], ["live/shed", "shed (total)"]]},
 ];
 const COLORS = ["#2e90fa", "#f79009", "#12b76a", "#9e77ed"];
@@ -67,6 +68,7 @@ function drawChart(chart) {
                              .filter((s) => s.pts.length > 0);
   const all = series.flatMap((s) => s.pts);
   svg.dataset.points = String(all.length);
+  if (chart.optional) svg.closest("section").hidden = all.length === 0;
   renderLegend(svg, series);
   if (!all.length) {
     svg.appendChild(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, "waiting for data"));
