@@ -30,6 +30,9 @@ class ActorLivePorts:
     async def live_room(self) -> int:
         return await self.replay.live_room.remote()
 
+    async def judge_early(self, traj: Any, turns: list[int]) -> list[dict[str, Any]]:
+        return await self.reward.judge_early.remote(traj, turns)
+
 
 class LocalLivePorts:
     """An in-process reward service and replay store as the gateway's ``LivePorts`` (benches,
@@ -44,9 +47,13 @@ class LocalLivePorts:
     async def live_room(self) -> int:
         return self.store.live_room()
 
+    async def judge_early(self, traj: Any, turns: list[int]) -> list[dict[str, Any]]:
+        return await self.reward.judge_early(traj, turns)
 
-def local_reward_service(store: Any, rewards_cfg: Any = None) -> Any:
-    """A ``RewardService`` (no model-based scorers) that puts into the in-process ``store``."""
+
+def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] = ()) -> Any:
+    """A ``RewardService`` (no model scorers; ``judges``: ``LocalJudge`` ports) that puts into
+    the in-process ``store``."""
     from replay.config import ReplayConfig
     from rewards.config import RewardsConfig
     from rewards.service import RewardService
@@ -54,12 +61,17 @@ def local_reward_service(store: Any, rewards_cfg: Any = None) -> Any:
     async def put(group: Any, scheduled: bool = True) -> Any:
         return store.put(group, scheduled)
 
-    return RewardService(rewards_cfg or RewardsConfig(), ReplayConfig(), put)
+    return RewardService(rewards_cfg or RewardsConfig(), ReplayConfig(), put, judges=list(judges))
 
 
 def scorable_without_feedback(cfg: RunConfig) -> bool:
     """A session that never gets feedback can still be scored when a PRM or judge runs."""
     return cfg.rewards.prm is not None
+
+
+def judges_early(cfg: RunConfig) -> bool:
+    """A hindsight judge scores each live turn as soon as what followed it arrives."""
+    return cfg.rewards.prm is not None and cfg.rewards.prm.type == "judge" and cfg.rewards.prm.hindsight
 
 
 def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, run_dir: str,
@@ -74,7 +86,7 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
     ports = ActorLivePorts(reward, replay) if cfg.train.source != "rollout" else None
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000).remote(
         cfg.live, engine_client, ports, scorable_without_feedback(cfg), run_id,
-        str(Path(run_dir) / SESSIONS_FILE))
+        str(Path(run_dir) / SESSIONS_FILE), judges_early(cfg))
     url = ray.get(actor.start.remote())
     (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))
     return actor, url

@@ -43,8 +43,8 @@ class ActorJudge:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def judge(self, trajs: list[Any]) -> list[list[Any]]:
-        return await self.handle.judge.remote(trajs)
+    async def judge(self, trajs: list[Any], turns: list[list[int] | None] | None = None) -> list[list[Any]]:
+        return await self.handle.judge.remote(trajs, turns)
 
 
 class BrokerWeights:

@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 class LiveGateway:
     def __init__(self, cfg: LiveConfig, engine: Any, ports: Any = None,
                  scorable_without_feedback: bool = False, run_id: str = "",
-                 record_path: str | None = None) -> None:
+                 record_path: str | None = None, early_judge: bool = False) -> None:
         self.cfg = cfg
-        self.service = LiveService(cfg, engine, ports, scorable_without_feedback, record_path)
+        self.service = LiveService(cfg, engine, ports, scorable_without_feedback, record_path, early_judge)
         self.app = build_app(self.service, run_id)
         self._server: Any = None
         self._tasks: list[asyncio.Task] = []

@@ -32,7 +32,7 @@ from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
 from gateway.toolcalls import template_messages
 from rollout.engines.base import Completion, SamplingParams, add_span
 from rollout.engines.client import EngineClient
-from rollout.trajectory import Group
+from rollout.trajectory import Group, Trajectory
 
 EPISODE_RESULTS = ("recorded", "shed", "not_trained", "dropped_no_feedback", "dropped_unscorable",
                    "client_disconnected")
@@ -59,6 +59,11 @@ class LivePorts(Protocol):
         """How many more live groups replay would accept now."""
         ...
 
+    async def judge_early(self, traj: Trajectory, turns: list[int]) -> list[dict[str, Any]]:
+        """Judge ``turns`` of a session in progress (a hindsight judge, ``rewards.prm``); one
+        ``{"score", "raw", "error"}`` per turn."""
+        ...
+
 
 @dataclass
 class _Call:
@@ -72,8 +77,13 @@ class _Call:
 
 class LiveService:
     def __init__(self, cfg: LiveConfig, engine: EngineClient, ports: LivePorts | None,
-                 scorable_without_feedback: bool = False, record_path: str | Path | None = None) -> None:
+                 scorable_without_feedback: bool = False, record_path: str | Path | None = None,
+                 early_judge: bool = False) -> None:
         self.cfg, self.engine, self.ports = cfg, engine, ports
+        self.early_judge = early_judge and ports is not None
+        """Judge each turn as soon as its next state arrives (a hindsight judge is configured)."""
+        self._early: dict[str, dict[int, asyncio.Task]] = {}
+        """Segment group id -> turn index -> its early judgement in flight or done."""
         self.record_path = Path(record_path) if record_path else None
         self.scorable_without_feedback = scorable_without_feedback
         self.recorder = SessionRecorder(engine.tokenizer)
@@ -105,7 +115,7 @@ class LiveService:
         response, replies = chat_completion(
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
             len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs)
-        self.recorder.record(call.prepared, comps, replies)
+        self._judge_followed(self.recorder.record(call.prepared, comps, replies))
         call.completion_tokens = response.usage.completion_tokens
         return response.wire()
 
@@ -154,7 +164,7 @@ class LiveService:
             for t in tasks:
                 t.cancel()
         replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
-        self.recorder.record(call.prepared, comps, replies)
+        self._judge_followed(self.recorder.record(call.prepared, comps, replies))
         call.completion_tokens = sum(len(c.token_ids) for c in comps)
         if call.req.stream_options is not None and call.req.stream_options.include_usage:
             done = sum(len(c.token_ids) for c in comps)
@@ -162,6 +172,26 @@ class LiveService:
             yield ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
                                       choices=[], usage=Usage(prompt_tokens=p, completion_tokens=done,
                                                               total_tokens=p + done))
+
+    def _judge_followed(self, followed: tuple[Any, int] | None) -> None:
+        """Turn t's next state just arrived: have the judge score it now (on a copy of the
+        segment up to t), not when the session closes."""
+        if not self.early_judge or followed is None:
+            return
+        seg, t = followed
+        traj = seg.trajectory.model_copy(deep=True, update={"turns": seg.trajectory.turns[:t + 1]})
+        task = asyncio.get_running_loop().create_task(self.ports.judge_early(traj, [t]))
+        self._early.setdefault(seg.trajectory.group_id, {})[t] = task
+
+    async def _prejudged(self, traj: Trajectory) -> None:
+        """Stamp the segment's early judgements (``metadata["prejudged"]``) so the reward
+        service judges only the turns left; a failed early call leaves its turn to it."""
+        early = self._early.pop(traj.group_id, {})
+        results = await asyncio.gather(*early.values(), return_exceptions=True)
+        pre = {str(t): res[0] for t, res in zip(early, results)
+               if isinstance(res, list) and len(res) == 1 and t < len(traj.turns)}
+        if pre:
+            traj.metadata["prejudged"] = pre
 
     def _chunk(self, call: _Call, choices: list[Any]) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
@@ -233,14 +263,17 @@ class LiveService:
         self._feedback.discard(session_id)
         if timed_out and not had_feedback:
             self._feedback_counts["timed_out"] += 1
-            if self.cfg.on_timeout == "drop":
-                self._episodes["dropped_no_feedback"] += len(segments)
-                return
-            if not self.scorable_without_feedback:
-                self._episodes["dropped_unscorable"] += len(segments)
+            dropped = "dropped_no_feedback" if self.cfg.on_timeout == "drop" else \
+                None if self.scorable_without_feedback else "dropped_unscorable"
+            if dropped is not None:
+                self._episodes[dropped] += len(segments)
+                for seg in segments:
+                    for task in self._early.pop(seg.trajectory.group_id, {}).values():
+                        task.cancel()
                 return
         for seg in segments:
             traj = seg.trajectory
+            await self._prejudged(traj)
             status = "no_replay" if self.ports is None else await self.ports.submit(
                 Group(group_id=traj.group_id, task_id=traj.task_id, trajectories=[traj]))
             self._episodes[{"accepted": "recorded", "no_replay": "not_trained"}.get(status, "shed")] += 1

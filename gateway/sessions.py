@@ -227,8 +227,10 @@ class SessionRecorder:
         return self._new_segment(base, "retokenization_drift" if keeps_prompt else "template_not_append_only", ids)
 
     def record(self, prepared: PreparedPrompt, completions: Sequence[SampledCompletion],
-               replies: Sequence[AssistantReply]) -> None:
-        """Store a request's sampled choices (``replies[i]`` is what choice ``i`` returned)."""
+               replies: Sequence[AssistantReply]) -> tuple[LiveSegment, int] | None:
+        """Store a request's sampled choices (``replies[i]`` is what choice ``i`` returned).
+        Returns the segment and the index of the turn whose next state (tool result, user
+        reply) this request brought, when it was stitched on; else None."""
         if not completions or len(completions) != len(replies):
             raise ValueError(f"record needs one reply per completion ({len(completions)} completions, "
                              f"{len(replies)} replies)")
@@ -237,10 +239,12 @@ class SessionRecorder:
         choices = [_Choice(_turn_from_completion(c, r), c.finish_reason,
                            bool(c.token_ids) and c.token_ids[-1] == eos, r.template_message())
                    for c, r in zip(completions, replies)]
+        followed = None
         if prepared.revision != session.revision:
             self._open_segment(session, prepared.prompt_ids, "concurrent_requests")
         elif prepared.continues is not None:
             self._continue_segment(session, prepared)
+            followed = (session.segments[-1], len(session.segments[-1].trajectory.turns) - 1)
         else:
             self._open_segment(session, prepared.prompt_ids, prepared.cause)
         seg = session.segments[-1]
@@ -250,6 +254,7 @@ class SessionRecorder:
         session.last = _Last(prepared.prompt_ids, prepared.messages, prepared.tools, choices)
         session.revision += 1
         session.last_active = self.clock()
+        return followed
 
     def _open_segment(self, session: Session, prompt_ids: list[int], cause: str | None) -> None:
         index = len(session.segments)

@@ -166,6 +166,11 @@ class JudgeConfig(_ProcessRewardConfig):
     """Most tokens one judgement may generate (backend ``hf``)."""
     max_context_chars: int = Field(default=4000, ge=100)
     """Trailing characters of the episode shown to the judge before the judged turn."""
+    hindsight: bool = False
+    """Also show the judge what followed the turn (the tool result or the user's next message,
+    up to ``max_context_chars``), as OpenClaw-RL's judge does: a reply that shows the turn
+    helped or failed is evidence the turn alone lacks. The last turn has nothing after it. On
+    live sessions each turn is then judged as soon as its next state arrives (docs/live.md)."""
     queue_size: int = Field(default=256, ge=1)
     """Turns waiting for the judge; beyond it a turn's judgement is skipped (missing and
     flagged ``judge_queue_full``) so a slow judge never holds up generation."""

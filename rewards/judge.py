@@ -48,13 +48,18 @@ def parse_score(text: str, lo: float, hi: float) -> float | None:
     return (value - lo) / (hi - lo)
 
 
-def judge_prompt(cfg: JudgeConfig, context: str, turn_text: str, turn: int) -> str:
-    """The rubric, the episode so far (tail), the judged turn, and the reply format."""
+def judge_prompt(cfg: JudgeConfig, context: str, turn_text: str, turn: int,
+                 followed: str | None = None) -> str:
+    """The rubric, the episode so far (tail), the judged turn, what followed it (hindsight
+    judges, when anything did), and the reply format."""
     if len(context) > cfg.max_context_chars:
         context = "..." + context[-cfg.max_context_chars:]
+    after = ""
+    if followed:
+        after = f"### What followed step {turn + 1}\n{followed[: cfg.max_context_chars]}\n\n"
     return (
         f"{cfg.rubric}\n\n### Episode so far\n{context}\n\n### Step {turn + 1} to grade\n"
-        f"{turn_text}\n\n### Your grade\nReply with one line: Score: <number from "
+        f"{turn_text}\n\n{after}### Your grade\nReply with one line: Score: <number from "
         f"{cfg.score_min:g} to {cfg.score_max:g}>."
     )
 
@@ -93,16 +98,22 @@ def judge_turns(backend: Backend, prompts: Sequence[str], cfg: JudgeConfig) -> l
     return out
 
 
-def episode_prompts(traj: Trajectory, tokenizer: Any, cfg: JudgeConfig) -> list[str]:
-    """One prompt per turn, the context decoded from the rollout's own tokens."""
-    prompts = []
+def episode_prompts(traj: Trajectory, tokenizer: Any, cfg: JudgeConfig,
+                    turns: Sequence[int] | None = None) -> list[str]:
+    """One prompt per judged turn (``turns``, default all), the context decoded from the
+    rollout's own tokens; a hindsight judge also reads the turn's observation."""
+    wanted = range(len(traj.turns)) if turns is None else turns
+    prompts = {}
     context_ids = list(traj.prompt_ids)
     for t, turn in enumerate(traj.turns):
-        context = tokenizer.decode(context_ids, skip_special_tokens=True)
-        text = turn.text or tokenizer.decode(turn.action_ids, skip_special_tokens=True)
-        prompts.append(judge_prompt(cfg, context, text, t))
+        if t in wanted:
+            context = tokenizer.decode(context_ids, skip_special_tokens=True)
+            text = turn.text or tokenizer.decode(turn.action_ids, skip_special_tokens=True)
+            followed = tokenizer.decode(turn.observation_ids, skip_special_tokens=True).strip() \
+                if cfg.hindsight else None
+            prompts[t] = judge_prompt(cfg, context, text, t, followed)
         context_ids += turn.action_ids + turn.observation_ids
-    return prompts
+    return [prompts[t] for t in wanted]
 
 
 class HFJudge:
@@ -168,9 +179,12 @@ class JudgeWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(policy_path)
         self.backend = backend if backend is not None else make_backend(cfg)
 
-    def judge(self, trajs: Sequence[Trajectory]) -> list[list[Judgement]]:
-        """Judgements per turn of each trajectory (all turns of the batch in one backend call)."""
-        prompts = [episode_prompts(t, self.tokenizer, self.cfg) for t in trajs]
+    def judge(self, trajs: Sequence[Trajectory], turns: Sequence[Sequence[int] | None] | None = None
+              ) -> list[list[Judgement]]:
+        """Judgements per judged turn of each trajectory (``turns[i]``: the turn indices of
+        trajectory i, None for all; all of the batch in one backend call)."""
+        turns = turns or [None] * len(trajs)
+        prompts = [episode_prompts(t, self.tokenizer, self.cfg, ts) for t, ts in zip(trajs, turns)]
         flat = judge_turns(self.backend, [p for ps in prompts for p in ps], self.cfg)
         out, k = [], 0
         for ps in prompts:

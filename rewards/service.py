@@ -36,7 +36,8 @@ class ScorerPort(Protocol):
 
 
 class JudgePort(Protocol):
-    async def judge(self, trajs: list[Trajectory]) -> list[list[Judgement]]: ...
+    async def judge(self, trajs: list[Trajectory], turns: list[list[int] | None] | None = None
+                    ) -> list[list[Judgement]]: ...
 
 
 class LocalScorer:
@@ -55,8 +56,9 @@ class LocalJudge:
     def __init__(self, judge: Any) -> None:
         self.judge_worker = judge
 
-    async def judge(self, trajs: list[Trajectory]) -> list[list[Judgement]]:
-        return await asyncio.to_thread(self.judge_worker.judge, trajs)
+    async def judge(self, trajs: list[Trajectory], turns: list[list[int] | None] | None = None
+                    ) -> list[list[Judgement]]:
+        return await asyncio.to_thread(self.judge_worker.judge, trajs, turns)
 
 
 class RewardService:
@@ -76,7 +78,7 @@ class RewardService:
         self._counts: dict[str, Any] = {
             "groups": 0, "trajectories": 0, "outcome_sum": 0.0, "batches": 0,
             "batched_trajectories": 0, "ig_values": 0, "ig_version_mismatch": 0,
-            "judge_turns": 0, "judge_queue_full": 0, "judge_timeout": 0, "scorer_errors": 0,
+            "judge_turns": 0, "judge_early_turns": 0, "judge_queue_full": 0, "judge_timeout": 0, "scorer_errors": 0,
             "score_s": 0.0, "missing": {}, "put": {}, "skipped": {}, "live_put": {}}
         self._judge_queued = 0
         self._judge_inflight = 0
@@ -219,40 +221,71 @@ class RewardService:
         return out
 
     # -- judge -----------------------------------------------------------------------------
+    async def judge_early(self, traj: Trajectory, turns: list[int]) -> list[dict[str, Any]]:
+        """Judge ``turns`` of a session still in progress, as soon as what followed them has
+        arrived (the gateway calls this when a session's next request brings the tool result or
+        user reply). Returns one ``{"score", "raw", "error"}`` per turn, which the gateway
+        stamps as ``metadata["prejudged"]`` so the session is not judged twice at its close."""
+        self._start()
+        cfg = self.cfg.prm
+        if not isinstance(cfg, JudgeConfig):
+            raise ValueError("judge_early needs rewards.prm of type judge")
+        fut = self._queue_judge(traj, turns)
+        if fut is None:
+            return [{"score": None, "raw": [], "error": "judge_queue_full"} for _ in turns]
+        done, _ = await asyncio.wait([fut], timeout=cfg.timeout_s)
+        if not done:
+            fut.cancel()
+            self._counts["judge_timeout"] += 1
+            return [{"score": None, "raw": [], "error": "judge_timeout"} for _ in turns]
+        self._counts["judge_early_turns"] += len(turns)
+        return [{"score": j.score, "raw": j.raw, "error": j.error} for j in fut.result()]
+
+    def _queue_judge(self, traj: Trajectory, turns: list[int] | None) -> asyncio.Future | None:
+        """Queue ``turns`` of ``traj`` (None: all) for the judge; None when the queue is full."""
+        n = len(traj.turns) if turns is None else len(turns)
+        if self._judge_queued + self._judge_inflight + n > self.cfg.prm.queue_size:
+            self._counts["judge_queue_full"] += 1
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        self._judge_queued += n
+        self._judge_q.put_nowait((traj, turns, n, fut))
+        return fut
+
     async def _judge_scores(self, group: Group) -> list[dict[str, SourceResult]]:
         cfg = self.cfg.prm
         if not isinstance(cfg, JudgeConfig):
             return [{} for _ in group.trajectories]
-        loop = asyncio.get_running_loop()
         futs: list[asyncio.Future | None] = []
+        todo: list[list[int]] = []
         for traj in group.trajectories:
-            n = len(traj.turns)
-            if not n or self._judge_queued + self._judge_inflight + n > cfg.queue_size:
-                futs.append(None)
-                self._counts["judge_queue_full"] += bool(n)
-                continue
-            fut = loop.create_future()
-            self._judge_queued += n
-            self._judge_q.put_nowait((traj, fut))
-            futs.append(fut)
+            pre = traj.metadata.get("prejudged", {})
+            todo.append([t for t in range(len(traj.turns)) if str(t) not in pre])
+            futs.append(self._queue_judge(traj, todo[-1]) if todo[-1] else None)
         live = [f for f in futs if f is not None]
         if live:
             await asyncio.wait(live, timeout=cfg.timeout_s)
         out = []
-        for traj, fut in zip(group.trajectories, futs):
-            out.append({"prm": self._judge_result(traj, fut, cfg)} if traj.turns else {})
+        for traj, turns, fut in zip(group.trajectories, todo, futs):
+            out.append({"prm": self._judge_result(traj, turns, fut, cfg)} if traj.turns else {})
         return out
 
-    def _judge_result(self, traj: Trajectory, fut: asyncio.Future | None,
+    def _judge_result(self, traj: Trajectory, turns: list[int], fut: asyncio.Future | None,
                       cfg: JudgeConfig) -> SourceResult:
-        n = len(traj.turns)
-        if fut is None:
-            return failed(range(n), "judge_queue_full")
-        if not fut.done():
-            fut.cancel()  # the judge loop skips it if it has not started
-            self._counts["judge_timeout"] += 1
-            return failed(range(n), "judge_timeout")
-        judgements: list[Judgement] = fut.result()
+        """Every turn's judgement: judged early (``prejudged``) or now (``turns``)."""
+        by_turn = {int(t): Judgement(j["score"], list(j["raw"]), j["error"])
+                   for t, j in traj.metadata.get("prejudged", {}).items()}
+        if turns:
+            if fut is None:
+                now = [Judgement(None, error="judge_queue_full")] * len(turns)
+            elif not fut.done():
+                fut.cancel()  # the judge loop skips it if it has not started
+                self._counts["judge_timeout"] += 1
+                now = [Judgement(None, error="judge_timeout")] * len(turns)
+            else:
+                now = fut.result()
+            by_turn.update(zip(turns, now))
+        judgements = [by_turn[t] for t in range(len(traj.turns))]
         detail = {"judgements": [{"score": j.score, "raw": j.raw, "error": j.error}
                                  for j in judgements]}
         errors = sorted({j.error for j in judgements if j.error})
@@ -263,23 +296,23 @@ class RewardService:
         limit = self.cfg.prm.batch_size
         while True:
             batch = [await self._judge_q.get()]
-            while not self._judge_q.empty() and sum(len(t.turns) for t, _ in batch) < limit:
+            while not self._judge_q.empty() and sum(item[2] for item in batch) < limit:
                 batch.append(self._judge_q.get_nowait())
-            self._judge_queued -= sum(len(t.turns) for t, _ in batch)
-            live = [(t, f) for t, f in batch if not f.done()]  # timed-out groups are skipped
+            self._judge_queued -= sum(item[2] for item in batch)
+            live = [item for item in batch if not item[3].done()]  # timed-out groups are skipped
             if not live:
                 continue
-            turns = sum(len(t.turns) for t, _ in live)
+            turns = sum(item[2] for item in live)
             self._judge_inflight += turns
             try:
-                results = await port.judge([t for t, _ in live])
+                results = await port.judge([t for t, *_ in live], [ts for _, ts, *_ in live])
             except Exception as exc:  # noqa: BLE001 - every judged turn stays missing
                 err = f"judge: {type(exc).__name__}: {exc}"
-                results = [[Judgement(None, error=err)] * len(t.turns) for t, _ in live]
+                results = [[Judgement(None, error=err)] * n for _, _, n, _ in live]
             finally:
                 self._judge_inflight -= turns
             self._counts["judge_turns"] += turns
-            for (_, fut), res in zip(live, results):
+            for (*_, fut), res in zip(live, results):
                 if not fut.done():
                     fut.set_result(res)
 

@@ -23,11 +23,12 @@ TOKEN = "tok-live-test"
 class Served:
     """A gateway on its own event loop thread (as in its Ray actor), reachable over HTTP."""
 
-    def __init__(self, cfg: LiveConfig, policy: str, ports=None) -> None:
+    def __init__(self, cfg: LiveConfig, policy: str, ports=None, early_judge: bool = False) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), ports, run_id="t1")
+        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), ports, run_id="t1",
+                                   early_judge=early_judge)
         self.url = self.call(self.gateway.start())
 
     def call(self, coro):
@@ -174,5 +175,69 @@ def test_a_full_live_budget_sheds_recordings_or_answers_429(agent_policy, when_f
         assert _one_session(served.url, "s3").status_code == 200
         served.call(served.gateway.drain())
         assert served.gateway.stats()["episodes"]["recorded"] == 2
+    finally:
+        served.close()
+
+
+class RecordingJudge:
+    """The rule-based format judge, keeping every prompt it was shown."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        from rewards.judge import format_judge
+
+        self.prompts += prompts
+        return [format_judge(p) for p in prompts]
+
+
+def test_hindsight_judge_scores_each_turn_when_its_next_state_arrives(agent_policy) -> None:
+    # Issue 16 item 4: with rewards.prm a hindsight judge, turn t of a live session is judged
+    # when the request carrying its tool result arrives (not at the session's close), from a
+    # prompt that shows that result; at the close only the last turn is left to judge.
+    import time
+
+    from cluster.live import LocalLivePorts, local_reward_service
+    from replay.config import ReplayConfig
+    from replay.memory import InProcessReplayStore
+    from rewards.config import JudgeConfig, RewardsConfig
+    from rewards.judge import JudgeWorker
+    from rewards.service import LocalJudge
+
+    policy, source = agent_policy
+    judge = RecordingJudge()
+    cfg = JudgeConfig(backend="callable", function="rewards.judge:format_judge", hindsight=True)
+    store = InProcessReplayStore(ReplayConfig(), batch_groups=1)
+    reward = local_reward_service(store, RewardsConfig(prm=cfg), [LocalJudge(JudgeWorker(cfg, policy, judge))])
+    served = Served(LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=48), policy,
+                    LocalLivePorts(reward, store), early_judge=True)
+    try:
+        client, task = _sdk(served), source.tasks("train")[0]
+        headers = {"X-Session-Id": "hs-1"}
+        first = client.chat.completions.create(model="turnrl-policy", messages=task.messages, tools=task.tools,
+                                               temperature=0, extra_headers=headers).choices[0].message
+        assert first.tool_calls and reward.stats()["judge_turns"] == 0  # nothing followed turn 0 yet
+        messages = [*task.messages, first.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "Mobi Vogi was born in Katu."}]
+        client.chat.completions.create(model="turnrl-policy", messages=messages, tools=task.tools,
+                                       temperature=0, extra_headers=headers)
+        deadline = time.time() + 30
+        while reward.stats()["judge_early_turns"] < 1:  # judged in the background, session still open
+            assert time.time() < deadline, reward.stats()
+            time.sleep(0.05)
+        assert len(judge.prompts) == 1 and "### What followed step 1" in judge.prompts[0]
+        assert "Katu" in judge.prompts[0].split("### What followed step 1")[1]
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        httpx.post(f"{served.url}/sessions/hs-1/feedback", headers=auth, json={"outcome": 1.0})
+        httpx.post(f"{served.url}/sessions/hs-1/end", headers=auth)
+        served.call(served.gateway.drain())
+        # the close judged only turn 1 (the last: nothing followed it)
+        assert reward.stats()["judge_turns"] == 2 and len(judge.prompts) == 2
+        assert "### What followed" not in judge.prompts[1]
+        traj = store.claim(1, live=(1, 1)).groups[0].trajectories[0]
+        assert set(traj.metadata["prejudged"]) == {"0"}
+        assert traj.turns[0].rewards["prm"] == 1.0  # a well-formed tool call (format judge: 10/10)
+        assert traj.turns[1].rewards["prm"] is not None
     finally:
         served.close()
