@@ -75,11 +75,16 @@ class EngineClient(ABC):
 
 
 class LocalEngineClient(EngineClient):
-    """An engine in this process. ``weights`` (optional) is a weight source,
-    ``latest(have) -> (version, WeightHandle) | None``, awaited by ``sync_weights``."""
+    """An ``EngineServer`` in this process, without Ray (tests, benches, tools): the same
+    verbs and weight following as an engine actor. ``server.weights`` (optional) is a weight
+    source, ``latest(have) -> (version, WeightHandle) | None``, awaited by ``sync_weights``."""
 
-    def __init__(self, engine: Engine, weights: Any = None) -> None:
-        self.engine, self.weights = engine, weights
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    @property
+    def engine(self) -> Engine:
+        return self.server.engine
 
     @property
     def tokenizer(self) -> Any:
@@ -90,32 +95,28 @@ class LocalEngineClient(EngineClient):
         return self.engine.version
 
     async def generate(self, prompt_ids, params, request_id=None, session_id=None) -> Completion:
-        return await self.engine.generate(prompt_ids, params, request_id or new_request_id())
+        return await self.server.generate(prompt_ids, params, request_id or new_request_id())
 
     def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
-        return self.engine.stream(prompt_ids, params, request_id or new_request_id())
+        return self.server.stream(prompt_ids, params, request_id or new_request_id())
 
     async def abort(self, request_id: str) -> bool:
-        return await self.engine.abort(request_id)
+        return await self.server.abort(request_id)
 
     async def pause(self) -> None:
-        await self.engine.pause()
+        await self.server.pause()
 
     async def resume(self) -> None:
-        await self.engine.resume()
+        await self.server.resume()
 
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
-        return await self.engine.update_weights(version, handle)
+        return await self.server.update_weights(version, handle)
 
     async def sync_weights(self) -> int:
-        if self.weights is not None:
-            got = await self.weights.latest(self.engine.version)
-            if got is not None:
-                await self.engine.update_weights(*got)
-        return self.engine.version
+        return await self.server.sync_weights()
 
     async def stats(self) -> list[dict[str, float]]:
-        return [self.engine.stats()]
+        return [self.server.stats()]
 
 
 class RayEngineClient(EngineClient):

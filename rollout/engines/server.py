@@ -22,9 +22,6 @@ log = logging.getLogger(__name__)
 
 class EngineServer:
     def __init__(self, cfg: Any, model_path: str, seed: int = 0, weights: Any = None) -> None:
-        import torch
-
-        torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.weights = cfg, weights
         self.engine = make_engine(cfg, model_path, seed=seed)
         self._follower: asyncio.Task | None = None
@@ -32,7 +29,13 @@ class EngineServer:
         self._follow_errors = 0
 
     async def start(self) -> int:
-        """Begin following the weight source (idempotent); returns the serving version."""
+        """Take the configured intra-op threads (the actor's process is the engine's own) and
+        begin following the weight source (idempotent); returns the serving version. An
+        in-process client never calls it: it leaves its host's threads alone and syncs weights
+        when asked."""
+        import torch
+
+        torch.set_num_threads(self.cfg.torch_threads)
         if self.weights is not None and self._follower is None:
             self._follower = asyncio.get_running_loop().create_task(self._follow())
         return self.engine.version
