@@ -179,7 +179,8 @@ class LiveService:
         if not self.early_judge or followed is None:
             return
         seg, t = followed
-        traj = seg.trajectory.model_copy(deep=True, update={"turns": seg.trajectory.turns[:t + 1]})
+        turns = [turn.model_copy(deep=True) for turn in seg.trajectory.turns[:t + 1]]
+        traj = seg.trajectory.model_copy(update={"turns": turns, "metadata": dict(seg.trajectory.metadata)})
         task = asyncio.get_running_loop().create_task(self.ports.judge_early(traj, [t]))
         self._early.setdefault(seg.trajectory.group_id, {})[t] = task
 
