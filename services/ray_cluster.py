@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,10 +36,38 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
+_PORT_RANGE = (20_000, 32_767)
+"""Where the head's fixed ports are drawn: below the kernel's ephemeral range (32768 up on
+Linux) and above Ray's worker ports (10002-19999), so neither an outgoing connection nor a Ray
+worker started in the meantime can take a port between its choice and its bind."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free right now on every interface, from ``_PORT_RANGE``."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(*_PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1]}")
+
+
+def _listening(port: int) -> bool:
+    """Something accepts TCP connections on ``port`` at the address Ray binds its head's
+    servers to (the node IP it detects), or on loopback."""
+    from ray.util import get_node_ip_address
+
+    for host in dict.fromkeys((get_node_ip_address(), "127.0.0.1")):
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def job_server_up(url: str, timeout_s: float = 2.0) -> bool:
@@ -90,16 +119,27 @@ class LocalRayHead:
             return state["dashboard_url"]
         return self.start()["dashboard_url"]
 
-    def start(self) -> dict[str, Any]:
+    def start(self, attempts: int = 3) -> dict[str, Any]:
+        """Start a head; a head whose port was taken while it started is retried on new ports."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                if attempt == attempts:
+                    raise
+                log.warning("the local Ray head exited while starting; retrying on new ports")
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> dict[str, Any]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         temp_dir = self.cfg.temp_dir or tempfile.mkdtemp(prefix="turnrl-ray-")
         dash_port = self.cfg.dashboard_port or free_port()
-        gcs_port = free_port()
+        gcs_port, client_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                f"--port={gcs_port}", f"--dashboard-port={dash_port}", "--dashboard-host=127.0.0.1",
                "--include-dashboard=true", f"--temp-dir={temp_dir}", "--disable-usage-stats",
                # fixed defaults (10001, 52365) would collide with any other Ray on the machine
-               f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
+               f"--ray-client-server-port={client_port}", f"--dashboard-agent-listen-port={free_port()}"]
         if self.cfg.num_cpus:
             cmd.append(f"--num-cpus={self.cfg.num_cpus}")
         logf = (self.state_dir / "local_ray.log").open("ab")
@@ -108,10 +148,14 @@ class LocalRayHead:
         logf.close()
         url = f"http://127.0.0.1:{dash_port}"
         deadline = time.monotonic() + self.cfg.startup_timeout_s
-        while not job_server_up(url):
+        # Up means every head process is: `ray start --block` takes the whole head down when one
+        # of them (the client server, the last to bind) fails to start.
+        while not (job_server_up(url) and _listening(client_port)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 if proc.poll() is None:
                     proc.terminate()
+                if self.cfg.temp_dir is None:
+                    shutil.rmtree(temp_dir, ignore_errors=True)
                 raise RuntimeError(f"the local Ray head did not start (see {self.state_dir / 'local_ray.log'})")
             time.sleep(0.5)
         state = {"pid": proc.pid, "dashboard_url": url, "gcs_address": f"127.0.0.1:{gcs_port}",
