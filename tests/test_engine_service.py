@@ -172,16 +172,27 @@ def test_engine_group_on_ray(tiny_policy, ray_cluster) -> None:
             state = {k: v.clone() for k, v in _local_state(tiny_policy[0]).items()}
             low = await client.update_weights(3, InMemoryWeights(state))
             after = await client.generate(PROMPT, LONG)
-            return done, streamed, aborted, rest, low, after, await client.stats()
+            # pause, load version 4 while a session's request is mid-generation, resume: the
+            # request crosses the actor boundary and finishes, recording both versions
+            long = client.stream(PROMPT, LONG, session_id="s2")
+            crossing = [await long.__anext__()]
+            await client.pause()
+            await client.update_weights(4, InMemoryWeights(state))
+            await client.resume()
+            crossing += [c async for c in long]
+            return done, streamed, aborted, rest, low, after, crossing, await client.stats()
 
-        done, streamed, aborted, rest, low, after, stats = _run(go())
+        done, streamed, aborted, rest, low, after, crossing, stats = _run(go())
         assert done.token_ids == local.token_ids  # same weights, greedy: same tokens as in-process
         assert [t for c in streamed for t in c.token_ids] == local.token_ids
         assert aborted and rest[-1].finish_reason == "abort"
         assert low == 3 and after.version_spans == [(0, 3)] and after.token_ids == local.token_ids
-        # every engine loaded version 3; both requests of session s1 went to its engine
-        assert [s["version"] for s in stats] == [3.0, 3.0]
-        assert sum(s["requests"] for s in stats) == 4
+        versions = [c.version for c in crossing if c.token_ids]
+        assert versions[0] == 3 and versions[-1] == 4 and sorted(versions) == versions
+        assert sum(len(c.token_ids) for c in crossing) == 64 and crossing[-1].finish_reason == "length"
+        # every engine loaded version 4; both requests of session s1 went to its engine
+        assert [s["version"] for s in stats] == [4.0, 4.0]
+        assert sum(s["requests"] for s in stats) == 5
         assert stats[zlib.crc32(b"s1") % 2]["requests"] >= 2
     finally:
         for a in actors:
