@@ -89,7 +89,7 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
     async def models(request: Request) -> JSONResponse:
         check(request)
         metrics.requests.labels("/v1/models", "200").inc()
-        return JSONResponse(service.models())
+        return JSONResponse(await service.models())
 
     @app.post("/v1/sessions/{session_id}/feedback")
     async def feedback(session_id: str, request: Request) -> JSONResponse:

@@ -198,8 +198,12 @@ class LiveService:
         return ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
                                    choices=choices)
 
-    def models(self) -> dict[str, Any]:
-        card = ModelCard(id=self.cfg.model_name, created=0, version=self.engine.version)
+    async def models(self) -> dict[str, Any]:
+        """The policy, with the weights version every engine serves now (the lowest of the
+        group: a request may land on any engine), asked of the engines rather than read from
+        the last response, so it moves while no traffic flows."""
+        version = int(min(s["version"] for s in await self.engine.stats()))
+        card = ModelCard(id=self.cfg.model_name, created=0, version=version)
         return ModelList(data=[card]).wire()
 
     # -- sessions --------------------------------------------------------------------------

@@ -81,18 +81,22 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
             assert http.post(f"{base}/sessions/{sid}/end", headers=auth).json()["submitted"] is True
         # the endpoint keeps answering while the learner trains on those sessions (until its
         # second step is logged: after that the run ends and takes the endpoint with it)
-        answered = 0
+        answered, served_versions = 0, []
         trained_log = run_dir / "trained_groups.jsonl"
         while True:  # the run cannot end before the last session's feedback is scored and trained
             reply = client.chat.completions.create(model="turnrl-policy", max_tokens=8,
                                                    messages=[{"role": "user", "content": "still there?"}])
             answered += reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+            served = http.get(f"{base}/models", headers=auth).json()["data"][0]["version"]
+            served_versions.append(served)
             if trained_log.exists() and len(trained_log.read_text().splitlines()) >= 2:
                 break
             assert runner.is_alive() and time.time() < deadline + 300, "the run stopped before training twice"
     runner.join(timeout=60)
     assert not runner.is_alive() and outcome["result"].steps == 2
     assert answered >= 1
+    # /v1/models reports what the engines serve: the learner's published versions reach them
+    assert served_versions == sorted(served_versions) and served_versions[-1] >= 1
     trained = [json.loads(line) for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
     trained_ids = [g for row in trained for g in row["group_ids"]]
     # group ids are live:<session>:<segment>:<nonce>; each session was one stitched segment, and
