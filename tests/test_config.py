@@ -94,3 +94,21 @@ def test_cli_help_is_fast(argv) -> None:
     out = subprocess.run([sys.executable, "-m", "cluster.cli", *argv], capture_output=True, text=True, check=True)
     assert time.perf_counter() - t0 < 2.0
     assert "turnrl" in out.stdout
+
+
+def test_training_on_live_sessions_needs_the_endpoint_and_names_the_fields() -> None:
+    with pytest.raises(ConfigError, match=r"train\.source='live'.*live\.enabled=true"):
+        load_config(None, ["train.source=live"])
+    with pytest.raises(ConfigError, match=r"train\.source='mixed' needs train\.async=true"):
+        load_config(None, ["train.source=mixed", "live.enabled=true", "train.async=false"])
+    with pytest.raises(ConfigError, match=r"learner\.batch_groups >= 2"):
+        load_config(None, ["train.source=mixed", "live.enabled=true", "learner.batch_groups=1"])
+
+
+@pytest.mark.parametrize("source, fraction, live", [("rollout", 0.5, 0), ("live", 0.5, 4), ("mixed", 0.5, 2),
+                                                    ("mixed", 0.1, 1), ("mixed", 0.95, 3)])
+def test_live_groups_per_batch(source: str, fraction: float, live: int) -> None:
+    # mixed: round(fraction x 4), at least one live and one rollout group
+    cfg = load_config(None, [f"train.source={source}", f"train.live_fraction={fraction}", "live.enabled=true",
+                             "learner.batch_groups=4"])
+    assert cfg.train.live_groups(cfg.learner.batch_groups) == live

@@ -169,3 +169,20 @@ def test_live_sessions_with_higher_reward_gain_probability(tiny_policy, tmp_path
     # 0.09, bias-corrected by 1 - 0.9^2 = 0.19: mean 9/19, saved with the next checkpoint
     assert worker.live_state["outcome"].n == 2
     assert worker.live_state["outcome"].mean_var(0.9)[0] == pytest.approx(9 / 19)
+
+
+def test_a_mixed_batch_gives_groups_their_estimator_and_sessions_the_running_baseline(tiny_policy, tmp_path) -> None:
+    # train.source: mixed. One rollout group (outcomes 0 and 1) and one live session (outcome
+    # 1, no history): GRPO z-scores the group, (r - 0.5) / (std([0, 1], unbiased) + eps 1e-6)
+    # = -/+ 0.5 / (sqrt(0.5) + 1e-6) on each of its 3 turns; the session's baseline is 0 and its scale 1 (nothing to compare with
+    # yet), so its one turn gets 1.0. Rows come back with the group first, the session last.
+    worker = _worker(tiny_policy[0], tmp_path)
+    group = _trajectories(None)[:2]
+    session = Trajectory(trajectory_id="s", task_id="live", group_id="live-s", prompt_ids=[5, 6, 7],
+                         turns=[Turn(action_ids=[40, 41], action_logprobs=[-1.0, -1.0], policy_version=0)],
+                         outcome=1.0, metadata={"live": True})
+    ordered, res, mask = worker._all_advantages([session, *group])
+    assert [t.trajectory_id for t in ordered] == ["00", "01", "s"]
+    z = 0.5 / (0.5 ** 0.5 + 1e-6)
+    assert res.advantages.tolist() == pytest.approx([-z] * 3 + [z] * 3 + [1.0])
+    assert mask.all() and worker.live_state["outcome"].n == 1
