@@ -44,6 +44,19 @@ def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[
     return [None if msg.tool_calls else msg.content or "", None if called else text]
 
 
+def _start_run(train, cfg) -> tuple[threading.Thread, dict, Path, str, float]:
+    """Run ``cfg`` in a thread; returns it, its result holder, run dir, base URL and a deadline."""
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=train(cfg, on_stage=lambda _: None)), daemon=True)
+    runner.start()
+    run_dir = Path(cfg.output_dir) / cfg.name
+    deadline = time.time() + 240
+    while not (run_dir / "live.json").exists():
+        assert runner.is_alive() and time.time() < deadline, "the run never served its endpoint"
+        time.sleep(0.5)
+    return runner, outcome, run_dir, json.loads((run_dir / "live.json").read_text())["base_url"], deadline
+
+
 def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, agent_policy, ray_cluster,
                                                             tmp_path) -> None:
     from transformers import AutoTokenizer
@@ -57,16 +70,8 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
                            "train.source=live", "train.steps=2", "learner.batch_groups=2",
                            "learner.num_cpus=0.5", "learner.checkpoint_every=0", "eval.num_tasks=0",
                            "rollout.group_size=2", "progress=none"])
-    outcome: dict = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=train(cfg, on_stage=lambda _: None)), daemon=True)
-    runner.start()
-    run_dir = tmp_path / "live"
+    runner, outcome, run_dir, base, deadline = _start_run(train, cfg)
     live_file = run_dir / "live.json"
-    deadline = time.time() + 240
-    while not live_file.exists():
-        assert runner.is_alive() and time.time() < deadline, "the run never served its endpoint"
-        time.sleep(0.5)
-    base = json.loads(live_file.read_text())["base_url"]
     client = openai.OpenAI(base_url=base, api_key=TOKEN, max_retries=0, timeout=120)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     tasks = agent_policy[1].tasks("train")
@@ -119,3 +124,29 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     # scored: the clients' outcomes 0, 1, 0, 1 reached the learner (mean of the steps' means)
     assert sum(m["reward/outcome_mean"] for m in metrics) / 2 == pytest.approx(0.5)
     assert not Path(live_file).exists()  # the endpoint is gone with the run
+
+
+def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_config, agent_policy, ray_cluster,
+                                                                    tmp_path) -> None:
+    # train.source: mixed, live_fraction 0.5 of 2 groups: every step trains exactly one served
+    # session and one group the rollout workers generated (admission paces them by 1 a step).
+    from cluster.driver import train
+
+    cfg = tiny_run_config(["policy.sft.steps=300", f"output_dir={tmp_path}", "name=mixed", "live.enabled=true",
+                           "train.source=mixed", "train.live_fraction=0.5", "train.steps=2",
+                           "learner.batch_groups=2", "learner.num_cpus=0.5", "learner.checkpoint_every=0",
+                           "eval.num_tasks=0", "rollout.group_size=2", "progress=none"])
+    runner, outcome, run_dir, base, deadline = _start_run(train, cfg)
+    task = agent_policy[1].tasks("train")[0]
+    with httpx.Client(timeout=60) as http:
+        for sid in ("m-0", "m-1"):
+            reply = http.post(f"{base}/chat/completions", headers={"X-Session-Id": sid},
+                              json={"model": "turnrl-policy", "messages": task.messages, "max_tokens": 24})
+            assert reply.status_code == 200
+            assert http.post(f"{base}/sessions/{sid}/feedback", json={"outcome": 1.0}).status_code == 200
+            assert http.post(f"{base}/sessions/{sid}/end").status_code == 200
+    runner.join(timeout=300)
+    assert not runner.is_alive() and outcome["result"].steps == 2
+    trained = [json.loads(line)["group_ids"] for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
+    assert [sorted(g.startswith("live:") for g in ids) for ids in trained] == [[False, True], [False, True]]
+    assert sorted(g.split(":")[1] for ids in trained for g in ids if g.startswith("live:")) == ["m-0", "m-1"]
