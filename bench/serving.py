@@ -40,7 +40,8 @@ import torch  # noqa: E402
 QUESTIONS = ["In which city was {} born?", "Where does {} work?", "Who is the sibling of {}?"]
 
 
-def build_policy() -> tuple[str, Any]:
+def build_policy(show_progress: bool = True) -> tuple[str, Any]:
+    """The tiny warm-started policy the serving and engine benches share (cached)."""
     from cluster.config import load_config
     from envs.registry import make_task_source
     from learner.bootstrap import ensure_policy
@@ -51,7 +52,7 @@ def build_policy() -> tuple[str, Any]:
                  "env.num_train_tasks=300", "env.num_heldout_tasks=40"]
     cfg = load_config(None, overrides)
     source = make_task_source(cfg.env)
-    return str(ensure_policy(cfg.policy, cfg.env, source, show_progress=True)), source
+    return str(ensure_policy(cfg.policy, cfg.env, source, show_progress=show_progress)), source
 
 
 class Stack:
