@@ -62,13 +62,14 @@ class InProcessReplayStore(ReplayStore):
             s.count("refused", "duplicate")
             return PutResult("duplicate", f"group {group.group_id} was already accepted")
         nbytes = group_nbytes(group)
-        held = len(self._ready) + len(self._live) + sum(len(c) for c in self._claims.values())
+        held = self._held()
         if held >= self.cfg.capacity_groups or s.bytes + nbytes > self.cfg.capacity_bytes:
             s.count("refused", "full")
             return PutResult("full", f"{held} groups / {s.bytes} bytes held")
-        if not scheduled and self._live_held() >= self.cfg.live_capacity_groups:
+        live_held = 0 if scheduled else self._live_held()
+        if not scheduled and live_held >= self.cfg.live_capacity_groups:
             s.count("refused", "live_full")
-            return PutResult("live_full", f"{self._live_held()} live groups held")
+            return PutResult("live_full", f"{live_held} live groups held")
         if scheduled:
             self.release(1)
         if is_stale(s.version, group.min_version(), self.cfg.eta):
@@ -85,9 +86,12 @@ class InProcessReplayStore(ReplayStore):
         return PutResult("accepted")
 
     def live_room(self) -> int:
-        held = len(self._ready) + len(self._live) + sum(len(c) for c in self._claims.values())
         return max(0, min(self.cfg.live_capacity_groups - self._live_held(),
-                          self.cfg.capacity_groups - held))
+                          self.cfg.capacity_groups - self._held()))
+
+    def _held(self) -> int:
+        """Groups held: ready (scheduled and live) plus claimed and not yet acknowledged."""
+        return len(self._ready) + len(self._live) + sum(len(c) for c in self._claims.values())
 
     def _live_held(self) -> int:
         claimed = sum(g.group_id in self._live_ids for c in self._claims.values() for g, _ in c)

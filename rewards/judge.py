@@ -36,6 +36,14 @@ class Judgement:
     error: str | None = None
     """Why ``score`` is None: ``unparseable`` or the backend's exception."""
 
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form kept in trajectory metadata (``prm_detail``, ``prejudged``)."""
+        return {"score": self.score, "raw": list(self.raw), "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Judgement":
+        return cls(d["score"], list(d["raw"]), d["error"])
+
 
 def parse_score(text: str, lo: float, hi: float) -> float | None:
     """The last ``Score: x`` in ``text`` rescaled to [0, 1], or None (absent, out of range)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
 from replay.base import PutResult
@@ -59,6 +60,18 @@ class LocalJudge:
     async def judge(self, trajs: list[Trajectory], turns: list[list[int] | None] | None = None
                     ) -> list[list[Judgement]]:
         return await asyncio.to_thread(self.judge_worker.judge, trajs, turns)
+
+
+@dataclass
+class _JudgeJob:
+    """Turns of one trajectory waiting for the judge."""
+
+    traj: Trajectory
+    turns: list[int] | None
+    """Turn indices to judge; None: all."""
+    n: int
+    """How many turns (what the judge queue's bound counts)."""
+    fut: asyncio.Future
 
 
 class RewardService:
@@ -231,15 +244,11 @@ class RewardService:
         if not isinstance(cfg, JudgeConfig):
             raise ValueError("judge_early needs rewards.prm of type judge")
         fut = self._queue_judge(traj, turns)
-        if fut is None:
-            return [{"score": None, "raw": [], "error": "judge_queue_full"} for _ in turns]
-        done, _ = await asyncio.wait([fut], timeout=cfg.timeout_s)
-        if not done:
-            fut.cancel()
-            self._counts["judge_timeout"] += 1
-            return [{"score": None, "raw": [], "error": "judge_timeout"} for _ in turns]
-        self._counts["judge_early_turns"] += len(turns)
-        return [{"score": j.score, "raw": j.raw, "error": j.error} for j in fut.result()]
+        if fut is not None:
+            await asyncio.wait([fut], timeout=cfg.timeout_s)
+            if fut.done():
+                self._counts["judge_early_turns"] += len(turns)
+        return [j.as_dict() for j in self._judged(fut, len(turns))]
 
     def _queue_judge(self, traj: Trajectory, turns: list[int] | None) -> asyncio.Future | None:
         """Queue ``turns`` of ``traj`` (None: all) for the judge; None when the queue is full."""
@@ -249,8 +258,19 @@ class RewardService:
             return None
         fut = asyncio.get_running_loop().create_future()
         self._judge_queued += n
-        self._judge_q.put_nowait((traj, turns, n, fut))
+        self._judge_q.put_nowait(_JudgeJob(traj, turns, n, fut))
         return fut
+
+    def _judged(self, fut: asyncio.Future | None, n: int) -> list[Judgement]:
+        """The ``n`` judgements of a queued job, or why there are none: the queue was full, or
+        the job timed out (cancelled here; the judge loop skips it if it has not started)."""
+        if fut is None:
+            return [Judgement(None, error="judge_queue_full") for _ in range(n)]
+        if not fut.done():
+            fut.cancel()
+            self._counts["judge_timeout"] += 1
+            return [Judgement(None, error="judge_timeout") for _ in range(n)]
+        return fut.result()
 
     async def _judge_scores(self, group: Group) -> list[dict[str, SourceResult]]:
         cfg = self.cfg.prm
@@ -273,21 +293,11 @@ class RewardService:
     def _judge_result(self, traj: Trajectory, turns: list[int], fut: asyncio.Future | None,
                       cfg: JudgeConfig) -> SourceResult:
         """Every turn's judgement: judged early (``prejudged``) or now (``turns``)."""
-        by_turn = {int(t): Judgement(j["score"], list(j["raw"]), j["error"])
-                   for t, j in traj.metadata.get("prejudged", {}).items()}
+        by_turn = {int(t): Judgement.from_dict(j) for t, j in traj.metadata.get("prejudged", {}).items()}
         if turns:
-            if fut is None:
-                now = [Judgement(None, error="judge_queue_full")] * len(turns)
-            elif not fut.done():
-                fut.cancel()  # the judge loop skips it if it has not started
-                self._counts["judge_timeout"] += 1
-                now = [Judgement(None, error="judge_timeout")] * len(turns)
-            else:
-                now = fut.result()
-            by_turn.update(zip(turns, now))
+            by_turn.update(zip(turns, self._judged(fut, len(turns))))
         judgements = [by_turn[t] for t in range(len(traj.turns))]
-        detail = {"judgements": [{"score": j.score, "raw": j.raw, "error": j.error}
-                                 for j in judgements]}
+        detail = {"judgements": [j.as_dict() for j in judgements]}
         errors = sorted({j.error for j in judgements if j.error})
         return process_result([j.score for j in judgements], cfg, None, detail,
                               "; ".join(errors) or None)
@@ -296,25 +306,25 @@ class RewardService:
         limit = self.cfg.prm.batch_size
         while True:
             batch = [await self._judge_q.get()]
-            while not self._judge_q.empty() and sum(item[2] for item in batch) < limit:
+            while not self._judge_q.empty() and sum(job.n for job in batch) < limit:
                 batch.append(self._judge_q.get_nowait())
-            self._judge_queued -= sum(item[2] for item in batch)
-            live = [item for item in batch if not item[3].done()]  # timed-out groups are skipped
+            self._judge_queued -= sum(job.n for job in batch)
+            live = [job for job in batch if not job.fut.done()]  # timed-out jobs are skipped
             if not live:
                 continue
-            turns = sum(item[2] for item in live)
+            turns = sum(job.n for job in live)
             self._judge_inflight += turns
             try:
-                results = await port.judge([t for t, *_ in live], [ts for _, ts, *_ in live])
+                results = await port.judge([job.traj for job in live], [job.turns for job in live])
             except Exception as exc:  # noqa: BLE001 - every judged turn stays missing
                 err = f"judge: {type(exc).__name__}: {exc}"
-                results = [[Judgement(None, error=err)] * n for _, _, n, _ in live]
+                results = [[Judgement(None, error=err) for _ in range(job.n)] for job in live]
             finally:
                 self._judge_inflight -= turns
             self._counts["judge_turns"] += turns
-            for (*_, fut), res in zip(live, results):
-                if not fut.done():
-                    fut.set_result(res)
+            for job, res in zip(live, results):
+                if not job.fut.done():
+                    job.fut.set_result(res)
 
     # -- metrics ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

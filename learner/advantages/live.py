@@ -27,6 +27,7 @@ import numpy as np
 
 from learner.advantages.batch import AdvantageResult, TurnBatch
 from learner.advantages.config import LiveBaselineConfig
+from learner.advantages.pools import discounted_sum, rollouts
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,7 @@ BaselineState = Mapping[str, Moments]
 def live_signals(batch: TurnBatch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Source -> (``[N]`` values, ``[N]`` bool rows that carry one). The outcome sits on each
     session's last turn only, so it is counted once per session."""
-    last = np.zeros(len(batch), dtype=bool)
-    for r in np.unique(batch.rollout_id):
-        last[np.flatnonzero(batch.rollout_id == r)[-1]] = True
+    last = rollouts(batch).is_final
     out = {"outcome": (batch.outcome, last & np.isfinite(batch.outcome) & batch.mask)}
     for source, values in batch.rewards.items():
         if source != "outcome":
@@ -91,12 +90,6 @@ def running_baseline(batch: TurnBatch, cfg: LiveBaselineConfig, state: BaselineS
         base, scale = _baseline(state.get(source), x, cfg)
         reward[has] += float(weights.get(source, 1.0)) * (x - base) / scale
         new_state[source] = (state.get(source) or Moments()).updated(x, cfg.decay)
-    adv = np.zeros(len(batch))
-    for r in np.unique(batch.rollout_id):
-        rows = np.flatnonzero(batch.rollout_id == r)  # chronological within the session
-        acc = 0.0
-        for i in rows[::-1]:
-            acc = reward[i] + cfg.gamma * acc
-            adv[i] = acc
+    adv = discounted_sum(reward, rollouts(batch), cfg.gamma)
     adv[~batch.mask] = 0.0
     return AdvantageResult(advantages=adv, mask=batch.mask.copy()), new_state
