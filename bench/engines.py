@@ -119,13 +119,10 @@ def run_phase(side: str, phase: str, policy: str, n_prompts: int, max_batch: int
     else:
         client = local_client(HFEngineConfig(max_batch=max_batch), policy)
 
-        async def session(ps: list[list[int]], n: int) -> tuple[int, list[float]]:
-            return await engine_requests(client, ps, n)
-
         def one() -> tuple[int, list[float]]:
-            return asyncio.run(session(prompts, max_new))
+            return asyncio.run(engine_requests(client, prompts, max_new))
 
-        asyncio.run(session(prompts[:2], 4))  # warm up
+        asyncio.run(engine_requests(client, prompts[:2], 4))  # warm up
     runs = [timed(one) for _ in range(repeats)]
     (tokens, latency), seconds = max(runs, key=lambda r: r[0][0] / r[1])
     return tokens, seconds, latency
