@@ -114,6 +114,14 @@ def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) ->
             for i in range(eng.count)]
 
 
+def learner_actor_class(learner_cls: Any) -> Any:
+    """The learner as a Ray actor class. Its ``control`` concurrency group runs ``interrupt()``
+    beside a ``train_step`` blocked waiting for a batch; everything else stays serial."""
+    import ray
+
+    return ray.remote(concurrency_groups={"control": 1})(learner_cls)
+
+
 def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, resume: bool = False) -> RunActors:
     import ray
 
@@ -146,8 +154,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
             i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
-    # "control" runs interrupt() beside a train_step blocked waiting for a batch.
-    learner = ray.remote(concurrency_groups={"control": 1})(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
+    learner = learner_actor_class(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
         cfg.learner, str(policy_path), run_dir, ActorLearnerPorts(replay, broker),
         group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume,
         live_groups=live_groups)

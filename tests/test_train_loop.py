@@ -125,3 +125,39 @@ def test_trajectory_balance_trains_its_log_z_with_the_policy(tiny_run_config, ti
     resumed = torch.load(final)
     assert {k: resumed["task_codes"][k] for k in codes} == codes  # same task, same code
     assert len(resumed["task_codes"]) >= len(codes)
+
+
+def test_an_interrupted_learner_stops_waiting_and_still_checkpoints(tiny_policy, ray_cluster, tmp_path) -> None:
+    # The driver's end of a run whose rollouts died: train_step is blocked in wait_claim on an
+    # empty replay (claim_timeout_s 600); interrupt() on the control group ends it at once and
+    # the checkpoint queued behind it is written (it used to wait out the whole timeout).
+    import time
+
+    from cluster.actors import learner_actor_class
+    from learner.config import LearnerConfig
+    from learner.ports import ActorLearnerPorts
+    from learner.weights import WeightBroker
+    from learner.worker import LearnerWorker
+    from replay.config import ReplayConfig
+    from replay.host import ReplayHost
+
+    ray = ray_cluster
+    replay = ray.remote(ReplayHost).options(num_cpus=0).remote(ReplayConfig(), 2, str(tmp_path), "interrupt")
+    broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
+    learner = learner_actor_class(LearnerWorker).options(num_cpus=0.5).remote(
+        LearnerConfig(batch_groups=2, claim_timeout_s=600), tiny_policy[0], str(tmp_path),
+        ActorLearnerPorts(replay, broker), group_size=2, temperature=1.0)
+    try:
+        step = learner.train_step.remote()
+        ray.get(learner.get_version.options(concurrency_group="control").remote())  # constructed
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        learner.interrupt.options(concurrency_group="control").remote()
+        with pytest.raises(ray.exceptions.RayTaskError, match="told to stop waiting for a batch"):
+            ray.get(step, timeout=60)
+        path = ray.get(learner.save_checkpoint.remote(), timeout=120)
+        assert time.monotonic() - t0 < 60 and path.endswith("step_000000")
+        assert json.loads((tmp_path / "state.json").read_text())["step"] == 0
+    finally:
+        for actor in (learner, replay, broker):
+            ray.kill(actor)
