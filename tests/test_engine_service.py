@@ -1,6 +1,11 @@
-"""The engine as a service, on a real tiny model: in-process through ``LocalEngineClient`` and
-as a Ray engine group through ``RayEngineClient`` (generate, stream, abort, pause/resume, and
-a weight update during a long generation that records both versions)."""
+"""The engine contract, on a real tiny model, for every engine kind: the HF engine and the vLLM
+engine (vLLM's CPU build here) run the same tests in-process through ``LocalEngineClient``
+(generate, stream, abort, pause/resume, log-probs against a plain forward pass, a weight update
+during a long generation that records both versions); the HF engine group also runs on Ray.
+
+One engine per kind serves the whole module (a vLLM engine takes ~20 s to start); before each
+test the policy's own weights are loaded as a new version, so every test starts from the same
+weights and counts versions from ``base``."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import zlib
 import pytest
 import torch
 
-from rollout.config import HFEngineConfig
+from rollout.config import HFEngineConfig, VLLMEngineConfig
 from rollout.engines import local_client
 from rollout.engines.base import SamplingParams
 from rollout.engines.transport import InMemoryWeights
@@ -19,24 +24,47 @@ from rollout.engines.transport import InMemoryWeights
 # test_greedy_stream_equals_generate), so every control action lands mid-generation.
 PROMPT = [5, 6, 7]
 LONG = SamplingParams(temperature=0.0, max_new_tokens=64)
+CONFIGS = {"hf": HFEngineConfig(), "vllm": VLLMEngineConfig(max_model_len=512)}
 
 
 def _run(coro):
     return asyncio.run(coro)
 
 
+@pytest.fixture(scope="module")
+def policy_state(tiny_policy) -> dict[str, torch.Tensor]:
+    return _local_state(tiny_policy[0])
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def engine_client(request, tiny_policy):
+    client = local_client(CONFIGS[request.param], tiny_policy[0], seed=0)
+    yield request.param, client
+    _run(client.engine.close())
+
+
 @pytest.fixture()
-def client(tiny_policy):
-    return local_client(HFEngineConfig(), tiny_policy[0], seed=0)
+def kind(engine_client) -> str:
+    return engine_client[0]
 
 
-def _perturbed(model, version: int) -> dict[str, torch.Tensor]:
-    """A state dict that differs from the model's (so tokens after the switch can differ)."""
+@pytest.fixture()
+def client(engine_client, policy_state):
+    """The module's engine, serving the policy's own weights as a fresh version."""
+    c = engine_client[1]
+    _run(c.update_weights(c.version + 1, InMemoryWeights(policy_state)))
+    return c
+
+
+def _perturbed(state: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
+    """A state dict that differs from the policy's (so tokens after the switch can differ)."""
     gen = torch.Generator().manual_seed(version)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
+    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
 
 
-def test_greedy_stream_equals_generate(client) -> None:
+def test_greedy_stream_equals_generate(client, kind) -> None:
+    base = client.version
+
     async def go():
         done = await client.generate(PROMPT, LONG, request_id="a")
         chunks = [c async for c in client.stream(PROMPT, LONG, request_id="b")]
@@ -44,12 +72,15 @@ def test_greedy_stream_equals_generate(client) -> None:
 
     done, chunks = _run(go())
     assert done.request_id == "a" and done.finish_reason == "length" and len(done.token_ids) == 64
-    assert done.version_spans == [(0, 0)]
+    assert done.version_spans == [(0, base)]
     assert [t for c in chunks for t in c.token_ids] == done.token_ids
     torch.testing.assert_close(torch.tensor([lp for c in chunks for lp in c.logprobs]),
                                torch.tensor(done.logprobs), atol=1e-5, rtol=0)
-    # one chunk per decoding step, then a closing chunk that carries the finish reason
-    assert [len(c.token_ids) for c in chunks] == [1] * 64 + [0]
+    # a closing chunk carries the finish reason; the HF engine sends one chunk per decoding
+    # step, vLLM merges the steps a slow reader has not collected yet
+    assert chunks[-1].token_ids == [] and all(c.token_ids for c in chunks[:-1])
+    if kind == "hf":
+        assert [len(c.token_ids) for c in chunks] == [1] * 64 + [0]
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in chunks[:-1])
 
 
@@ -93,35 +124,38 @@ def test_pause_holds_tokens_and_resume_continues(client) -> None:
     assert sum(len(c.token_ids) for c in got) == 64 and got[-1].finish_reason == "length"
 
 
-def test_weight_update_during_a_long_generation_records_both_versions(client) -> None:
-    """Pause, load, resume: the request in flight continues on version 1 and says so."""
+def test_weight_update_during_a_long_generation_records_both_versions(client, policy_state) -> None:
+    """Pause, load, resume: the request in flight continues on the new version and says so."""
     baseline = _run(client.generate(PROMPT, LONG)).token_ids
+    base = client.version
 
     async def go():
         stream = client.stream(PROMPT, LONG, request_id="long")
         first = await stream.__anext__()
         await client.pause()
-        serving = await client.update_weights(1, InMemoryWeights(_perturbed(client.engine.model, 1)))
+        serving = await client.update_weights(base + 1, InMemoryWeights(_perturbed(policy_state, 1)))
         await client.resume()
         return serving, [first, *[c async for c in stream]]
 
     serving, chunks = _run(go())
-    versions = [c.version for c in chunks if c.token_ids]
-    switch = versions.index(1)
-    assert serving == 1 and client.version == 1
-    assert versions[:switch] == [0] * switch and versions[switch:] == [1] * (64 - switch) and switch >= 1
+    versions = [c.version for c in chunks for _ in c.token_ids]
+    switch = versions.index(base + 1)
+    assert serving == base + 1 and client.version == base + 1
+    assert versions[:switch] == [base] * switch and versions[switch:] == [base + 1] * (64 - switch) and switch >= 1
     tokens = [t for c in chunks for t in c.token_ids]
     assert len(tokens) == 64 and tokens[:switch] == baseline[:switch]
     after = _run(client.generate(PROMPT, LONG))
-    assert after.version_spans == [(0, 1)]
+    assert after.version_spans == [(0, base + 1)]
 
 
-def test_update_without_pause_loads_between_steps_and_never_fails_a_request(client) -> None:
+def test_update_without_pause_loads_between_steps_and_never_fails_a_request(client, policy_state) -> None:
+    base, loads = client.version, client.engine.stats()["weight_loads"]
+
     async def go():
         reqs = [asyncio.create_task(client.generate(PROMPT, LONG)) for _ in range(3)]
         await asyncio.sleep(0.02)
         for v in (1, 2):
-            await client.update_weights(v, InMemoryWeights(_perturbed(client.engine.model, v)))
+            await client.update_weights(base + v, InMemoryWeights(_perturbed(policy_state, v)))
         return await asyncio.gather(*reqs)
 
     done = _run(go())
@@ -129,22 +163,44 @@ def test_update_without_pause_loads_between_steps_and_never_fails_a_request(clie
     for c in done:  # versions never go backwards within a completion
         assert [v for _, v in c.version_spans] == sorted(v for _, v in c.version_spans)
         assert len(c.versions()) == 64 and c.versions()[0] == c.version
-    assert client.version == 2 and client.engine.stats()["weight_loads"] == 2
+    assert client.version == base + 2 and client.engine.stats()["weight_loads"] == loads + 2
 
 
 def test_weights_that_do_not_fit_are_refused_before_any_request_sees_them(client) -> None:
+    base = client.version
     bad = {"model.embed_tokens.weight": torch.zeros(3, 3)}
     with pytest.raises(ValueError, match="do not fit the engine's model"):
-        _run(client.update_weights(5, InMemoryWeights(bad)))
-    assert client.version == 0
-    assert _run(client.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=4))).version == 0
+        _run(client.update_weights(base + 5, InMemoryWeights(bad)))
+    assert client.version == base
+    assert _run(client.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=4))).version == base
 
 
-def test_generate_n_gives_n_completions_sharing_a_batch(client) -> None:
+def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=8, n=3)
+    before = client.engine.stats()
     outs = _run(client.generate_n(PROMPT, params, request_id="x"))
-    assert [c.request_id for c in outs] == ["x-0", "x-1", "x-2"]
-    assert client.engine.stats()["batches"] == 1 and client.engine.stats()["rows"] == 3
+    assert [c.request_id for c in outs] == ["x-0", "x-1", "x-2"] and all(len(c.token_ids) == 8 for c in outs)
+    if kind == "hf":  # vLLM schedules continuously: it has no batches to count
+        after = client.engine.stats()
+        assert after["batches"] - before["batches"] == 1 and after["rows"] - before["rows"] == 3
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.0, 1.0)])
+def test_logprobs_match_a_plain_forward_pass(client, tiny_policy, temperature, top_p) -> None:
+    """The recorded behaviour log-prob of every sampled token equals log softmax(logits / T)
+    of a plain transformers forward pass over prompt + completion (T = 1 when greedy)."""
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=24)
+    outs = _run(client.generate_n(PROMPT, SamplingParams(**{**params.__dict__, "n": 3})))
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
+    for c in outs:
+        ids = torch.tensor([PROMPT + c.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(PROMPT) - 1:-1].float()
+        logp = torch.log_softmax(logits / (temperature or 1.0), -1)
+        want = logp.gather(-1, torch.tensor(c.token_ids).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=2e-4, rtol=0)
 
 
 @pytest.mark.slow

@@ -126,13 +126,16 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     assert not Path(live_file).exists()  # the endpoint is gone with the run
 
 
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_config, agent_policy, ray_cluster,
-                                                                    tmp_path) -> None:
+                                                                    tmp_path, engine) -> None:
     # train.source: mixed, live_fraction 0.5 of 2 groups: every step trains exactly one served
     # session and one group the rollout workers generated (admission paces them by 1 a step).
+    # With the vLLM engine, one vLLM engine serves both the rollout workers and the endpoint.
     from cluster.driver import train
 
     cfg = tiny_run_config(["policy.sft.steps=300", f"output_dir={tmp_path}", "name=mixed", "live.enabled=true",
+                           f"rollout.engine.type={engine}",
                            "train.source=mixed", "train.live_fraction=0.5", "train.steps=2",
                            "learner.batch_groups=2", "learner.num_cpus=0.5", "learner.checkpoint_every=0",
                            "eval.num_tasks=0", "rollout.group_size=2", "progress=none"])
@@ -150,3 +153,6 @@ def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_conf
     trained = [json.loads(line)["group_ids"] for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
     assert [sorted(g.startswith("live:") for g in ids) for ids in trained] == [[False, True], [False, True]]
     assert sorted(g.split(":")[1] for ids in trained for g in ids if g.startswith("live:")) == ["m-0", "m-1"]
+    # one published version per step
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in rows] == [1, 2]

@@ -21,7 +21,13 @@ def _hf(cfg: Any, model_path: str, seed: int) -> Engine:
     return HFEngine(cfg, model_path, seed)
 
 
-ENGINES: dict[str, Callable[[Any, str, int], Engine]] = {"hf": _hf}
+def _vllm(cfg: Any, model_path: str, seed: int) -> Engine:
+    from rollout.engines.vllm import VLLMEngine
+
+    return VLLMEngine(cfg, model_path, seed)
+
+
+ENGINES: dict[str, Callable[[Any, str, int], Engine]] = {"hf": _hf, "vllm": _vllm}
 
 
 def make_engine(cfg: Any, model_path: str, seed: int = 0) -> Engine:

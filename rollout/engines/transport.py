@@ -2,14 +2,18 @@
 
 The learner publishes a handle, not tensors; the engine fetches through it at load time, so a
 handle is cheap to pass around (through the weight broker, to every engine of a group).
-Transports: in memory (in-process engines and tests) and the Ray object store (CPU clusters).
-A GPU transport (NCCL broadcast, a shared-filesystem safetensors path) is another subclass.
+Transports: in memory (in-process engines and tests), the Ray object store (CPU clusters), a
+safetensors file on a filesystem the engines share, and a bucketed broadcast from learner rank
+0 over a process group of its own (NCCL on GPUs, gloo on CPUs).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from abc import ABC, abstractmethod
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Iterator, Mapping
 
 
 class WeightHandle(ABC):
@@ -39,3 +43,147 @@ class ObjectStoreWeights(WeightHandle):
 
     async def load(self) -> Mapping[str, Any]:
         return await self.boxed[0]
+
+
+def write_safetensors(state: Mapping[str, Any], path: str) -> None:
+    """Write a state dict as one safetensors file, atomically (readers never see half a file).
+    Tensors that share storage (tied embeddings) are written once, under their first name:
+    every loader TurnRL uses re-ties them from the model config."""
+    import torch
+    from safetensors.torch import save_file
+
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().contiguous().cpu()
+    tmp = f"{path}.tmp-{os.getpid()}"
+    save_file(out, tmp)
+    os.replace(tmp, path)
+
+
+class FileWeights(WeightHandle):
+    """A safetensors file on a filesystem every engine of the group can read (a shared disk
+    across nodes, ``/dev/shm`` on one node). An engine that can read the file itself (vLLM's
+    workers) never copies the tensors through its own process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def load(self) -> Mapping[str, Any]:
+        from safetensors.torch import load_file
+
+        return await asyncio.to_thread(load_file, self.path)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Parameter name -> shape, from the file's header."""
+        from safetensors import safe_open
+
+        with safe_open(self.path, framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+class FileWeightsWriter:
+    """The learner's side of ``FileWeights``: one file per version in ``directory``, the
+    ``keep`` newest kept (an engine may still be reading the previous one)."""
+
+    def __init__(self, directory: str, keep: int = 2) -> None:
+        self.directory, self.keep = Path(directory), keep
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, version: int, state: Mapping[str, Any]) -> FileWeights:
+        path = self.directory / f"weights-v{version:08d}.safetensors"
+        write_safetensors(state, str(path))
+        for old in sorted(self.directory.glob("weights-v*.safetensors"))[:-self.keep]:
+            old.unlink(missing_ok=True)
+        return FileWeights(str(path))
+
+
+def plan_buckets(state: Mapping[str, Any], bucket_bytes: int) -> list[dict[str, Any]]:
+    """Group parameters into flat buckets of one dtype and at most ``bucket_bytes`` each (a
+    parameter larger than that gets a bucket of its own): one collective per bucket instead
+    of one per parameter. Returns the layout both sides of a broadcast follow."""
+    buckets: list[dict[str, Any]] = []
+    open_by_dtype: dict[str, dict[str, Any]] = {}
+    for name, t in state.items():
+        dtype, numel = str(t.dtype).removeprefix("torch."), t.numel()
+        b = open_by_dtype.get(dtype)
+        if b is None or (b["numel"] + numel) * t.element_size() > bucket_bytes and b["entries"]:
+            b = open_by_dtype[dtype] = {"dtype": dtype, "numel": 0, "entries": []}
+            buckets.append(b)
+        b["entries"].append({"name": name, "shape": list(t.shape), "offset": b["numel"], "numel": numel})
+        b["numel"] += numel
+    return buckets
+
+
+class BroadcastWeights(WeightHandle):
+    """A version the learner broadcasts in buckets over a process group the engines joined
+    (``BroadcastGroup``: NCCL between GPUs, gloo on CPUs). The handle carries only the bucket
+    layout; receiving is a collective, so every engine of the group must receive each
+    version the learner sends (engines poll the broker for it)."""
+
+    def __init__(self, layout: list[dict[str, Any]]) -> None:
+        self.layout = layout
+
+    def layout_entries(self) -> list[dict[str, Any]]:
+        return [e for b in self.layout for e in b["entries"]]
+
+    async def load(self) -> Mapping[str, Any]:
+        group = BroadcastGroup.joined
+        if group is None:
+            raise RuntimeError("this process has not joined the learner's weight broadcast group")
+        return await asyncio.to_thread(lambda: dict(group.receive(self.layout)))
+
+
+class BroadcastGroup:
+    """A process group of its own between learner rank 0 (rank 0 here) and the engines
+    (ranks 1..N), built from a TCP store so it never touches the learner's or vLLM's default
+    group. ``init`` is a plain dict (host, port, world_size, backend) passed to every member."""
+
+    joined: "BroadcastGroup | None" = None
+    """The group this process receives on (one per engine process)."""
+
+    def __init__(self, init: Mapping[str, Any], rank: int, device: Any = "cpu") -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=float(init.get("timeout_s", 600)))
+        store = dist.TCPStore(init["host"], int(init["port"]), int(init["world_size"]), rank == 0, timeout=timeout)
+        store = dist.PrefixStore(str(init.get("name", "turnrl-weights")), store)
+        world = int(init["world_size"])
+        if init["backend"] == "nccl":
+            self.pg = dist.ProcessGroupNCCL(store, rank, world)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)
+        self.rank, self.device = rank, device
+
+    @classmethod
+    def join(cls, init: Mapping[str, Any], device: Any = "cpu") -> "BroadcastGroup":
+        """Join as a receiver; ``init["rank"]`` is this member's rank (1..N)."""
+        cls.joined = cls(init, int(init["rank"]), device)
+        return cls.joined
+
+    def send(self, state: Mapping[str, Any], layout: list[dict[str, Any]]) -> int:
+        """Broadcast ``state`` bucket by bucket (rank 0); returns the bytes sent."""
+        import torch
+
+        sent = 0
+        for b in layout:
+            flat = torch.cat([state[e["name"]].detach().reshape(-1) for e in b["entries"]]).to(self.device)
+            self.pg.broadcast(flat, 0).wait()
+            sent += flat.numel() * flat.element_size()
+        return sent
+
+    def receive(self, layout: list[dict[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """Receive buckets in order, yielding each parameter as a view into its bucket."""
+        import torch
+
+        for b in layout:
+            flat = torch.empty(b["numel"], dtype=getattr(torch, b["dtype"]), device=self.device)
+            self.pg.broadcast(flat, 0).wait()
+            for e in b["entries"]:
+                yield e["name"], flat[e["offset"]:e["offset"] + e["numel"]].view(e["shape"])

@@ -1,0 +1,321 @@
+"""vLLM engine: vLLM's async engine (``AsyncLLM``) behind TurnRL's engine interface.
+
+vLLM schedules requests continuously over a paged KV cache with prefix caching; TurnRL sends
+token ids and reads back sampled ids, their log-probs and the weights version of every token.
+
+- **Log-probs.** vLLM runs with ``logprobs_mode="processed_logprobs"``: the log-prob of each
+  sampled token under the distribution it was sampled from, after temperature *and* top-p.
+  The HF engine records log-probs under the tempered distribution before the top-p cut; the
+  two agree whenever ``top_p == 1`` (TurnRL's default) and for greedy decoding.
+- **Versions.** Every weights load ends with ``update_weight_version(str(version))``; vLLM
+  labels each output token with the version that produced it, and the engine turns those
+  labels into ``Chunk.version`` and ``Completion.version_spans``.
+- **In-flight updates.** ``weight_update: in_flight`` pauses with ``mode="keep"`` (requests
+  stay scheduled, their KV kept), loads, resumes: a request in flight continues on the new
+  weights. ``between_batches`` pauses with ``mode="wait"``: requests in flight finish first
+  on the old weights, new ones wait. Prefix-cache blocks are salted with the weights version,
+  so a new request never reuses KV that older weights computed.
+- **Weights** reach vLLM's own worker processes through ``collective_rpc`` into
+  ``vllm_worker.TurnRLWorkerExtension``: a safetensors path the worker reads, or buckets it
+  receives from the learner's broadcast. A state dict (object store, in memory) is written to
+  a private safetensors file first (``/dev/shm`` where it exists): vLLM's RPC channel does not
+  carry tensors.
+- **Event loop.** ``AsyncLLM`` binds to the event loop that first uses it, so the engine runs
+  it on a loop thread of its own and bridges every call: callers may use any loop (a Ray
+  actor's, a test's ``asyncio.run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
+
+from rollout.config import VLLMEngineConfig
+from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, new_request_id
+from rollout.engines.transport import BroadcastWeights, FileWeights, WeightHandle, write_safetensors
+
+T = TypeVar("T")
+_DONE = object()
+
+
+def _vllm_env(cfg: VLLMEngineConfig) -> None:
+    """Settings vLLM's CPU build reads from the environment when its processes start; an
+    operator's own values win."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.cpu_kv_cache_gib:g}")
+    # Binding OpenMP threads to cores fights Ray's and the learner's threads on shared CPUs.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.torch_threads))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the Hugging Face checkpoint the engine was started from,
+    read from the safetensors headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    folder = Path(model_path)
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        with safe_open(str(folder / name), framework="pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+class VLLMEngine(Engine):
+    def __init__(self, cfg: VLLMEngineConfig, model_path: str, seed: int = 0) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        _vllm_env(cfg)
+        self.cfg, self.model_path, self.seed = cfg, model_path, seed
+        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._shapes = checkpoint_shapes(model_path)
+        if AutoConfig.from_pretrained(model_path).tie_word_embeddings:
+            self._shapes.setdefault("lm_head.weight", self._shapes["model.embed_tokens.weight"])
+        self._version = 0
+        self._user_paused = False
+        self._open: set[str] = set()
+        self._stats = {"tokens": 0.0, "requests": 0.0, "aborted": 0.0, "weight_loads": 0.0,
+                       "weight_changes_mid_request": 0.0, "load_s": 0.0}
+        self._scratch = tempfile.TemporaryDirectory(prefix="turnrl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        self._update_lock = self._call(self._make_lock())
+        self._llm = self._call(self._start())
+
+    # -- the engine's own loop ---------------------------------------------------------------
+    def _call(self, coro: Awaitable[T]) -> T:
+        """Run ``coro`` on the engine loop and wait (construction and shutdown only)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _on_loop(self, coro: Awaitable[T]) -> T:
+        """Run ``coro`` on the engine loop, awaited from the caller's loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    @staticmethod
+    async def _make_lock() -> asyncio.Lock:
+        return asyncio.Lock()
+
+    async def _start(self) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.cfg
+        args = AsyncEngineArgs(
+            model=self.model_path, dtype=cfg.dtype, seed=self.seed, max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
+            tensor_parallel_size=cfg.tensor_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", skip_tokenizer_init=True,
+            worker_extension_cls="rollout.engines.vllm_worker.TurnRLWorkerExtension", disable_log_stats=True)
+        llm = AsyncLLM.from_engine_args(args)
+        await llm.update_weight_version("0")
+        return llm
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # -- requests ------------------------------------------------------------------------------
+    def _sampling(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSampling
+        from vllm.sampling_params import RequestOutputKind
+
+        stops = sorted(set(params.stop_token_ids) | {self._tokenizer.eos_token_id})
+        return VSampling(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+                         stop_token_ids=stops, logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams,
+                     request_id: str | None = None) -> AsyncIterator[Chunk]:
+        rid = request_id or new_request_id()
+        if rid in self._open:
+            raise ValueError(f"request id {rid!r} is already in use")
+        self._open.add(rid)
+        self._stats["requests"] += 1
+        queue: asyncio.Queue = asyncio.Queue()
+        caller = asyncio.get_running_loop()
+        feeder = asyncio.run_coroutine_threadsafe(self._feed(list(prompt_ids), params, rid, caller, queue), self._loop)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self._open.discard(rid)
+            if not finished:  # the consumer left early: end the request in vLLM too
+                feeder.cancel()
+                await self._on_loop(self._llm.abort(rid))
+
+    async def _feed(self, prompt_ids: list[int], params: SamplingParams, rid: str,
+                    caller: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+        """On the engine loop: run one vLLM request and hand its chunks to the caller's loop."""
+        put = lambda item: caller.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": f"v{self._version}"}
+        done = 0
+        try:
+            async for out in self._llm.generate(prompt, self._sampling(params), request_id=rid):
+                o = out.outputs[0]
+                ids = list(o.token_ids)
+                lps = [entry[t].logprob for t, entry in zip(ids, o.logprobs or [])]
+                reason = o.finish_reason if out.finished else None
+                for chunk in self._split_by_version(rid, done, ids, lps, o.weight_versions):
+                    put(chunk)
+                done += len(ids)
+                self._stats["tokens"] += len(ids)
+                if reason is not None:
+                    self._stats["aborted"] += reason == "abort"
+                    put(Chunk(rid, [], [], self._version_at(rid, max(done - 1, 0), o.weight_versions), reason))
+                    break
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
+            put(exc)
+            raise
+
+    def _split_by_version(self, rid: str, start: int, ids: list[int], lps: list[float],
+                          final_spans: Any) -> list[Chunk]:
+        """One chunk per weights version among these tokens (almost always one)."""
+        chunks: list[Chunk] = []
+        for k, (tid, lp) in enumerate(zip(ids, lps)):
+            v = self._version_at(rid, start + k, final_spans)
+            if not chunks or chunks[-1].version != v:
+                chunks.append(Chunk(rid, [], [], v))
+            chunks[-1].token_ids.append(tid)
+            chunks[-1].logprobs.append(lp)
+        return chunks
+
+    def _version_at(self, rid: str, index: int, final_spans: Any) -> int:
+        """The weights version that sampled output token ``index`` of ``rid``: vLLM labels each
+        output batch with the engine core's weights version (set at every load)."""
+        if final_spans:
+            starts = [(s.version, s.start) for s in final_spans]
+        else:
+            state = self._llm.output_processor.request_states.get(rid)
+            starts = getattr(state, "weight_version_starts", None) or [(str(self._version), 0)]
+        label = starts[0][0]
+        for version, first in starts:
+            if first <= index:
+                label = version
+        return int(label) if label.isdigit() else 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> Completion:
+        rid = request_id or new_request_id()
+        t0 = time.perf_counter()
+        ids: list[int] = []
+        lps: list[float] = []
+        spans: list[tuple[int, int]] = []
+        reason = "length"
+        async for chunk in self.stream(prompt_ids, params, rid):
+            if chunk.token_ids:
+                add_span(spans, len(ids), chunk.version)
+            ids += chunk.token_ids
+            lps += chunk.logprobs
+            if chunk.finish_reason is not None:
+                reason = chunk.finish_reason
+                if not spans:
+                    spans.append((0, chunk.version))
+        if len(spans) > 1:
+            self._stats["weight_changes_mid_request"] += 1
+        return Completion(rid, ids, lps, reason, spans, {"generate": time.perf_counter() - t0})  # type: ignore[arg-type]
+
+    async def abort(self, request_id: str) -> bool:
+        if request_id not in self._open:
+            return False
+        await self._on_loop(self._llm.abort(request_id))
+        return True
+
+    # -- control -------------------------------------------------------------------------------
+    async def pause(self) -> None:
+        self._user_paused = True
+        await self._on_loop(self._llm.pause_generation(mode="keep", clear_cache=False))
+
+    async def resume(self) -> None:
+        self._user_paused = False
+        await self._on_loop(self._llm.resume_generation())
+
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        return await self._on_loop(self._update(version, handle))
+
+    async def _update(self, version: int, handle: WeightHandle) -> int:
+        async with self._update_lock:
+            if version <= self._version:
+                return self._version
+            method, arg, cleanup = await self._load_call(handle, version)
+            t0 = time.perf_counter()
+            mode = "keep" if self.cfg.weight_update == "in_flight" else "wait"
+            if not self._user_paused:  # a caller's own pause stays in force after the load
+                await self._llm.pause_generation(mode=mode, clear_cache=False)
+            try:
+                await self._llm.collective_rpc(method, args=(arg,))
+                await self._llm.update_weight_version(str(version))
+                self._version = version
+            finally:
+                if not self._user_paused:
+                    await self._llm.resume_generation()
+                cleanup()
+            self._stats["weight_loads"] += 1
+            self._stats["load_s"] += time.perf_counter() - t0
+            return self._version
+
+    async def _load_call(self, handle: WeightHandle, version: int) -> tuple[str, Any, Any]:
+        """(worker method, its argument, cleanup) for ``handle``, after checking the weights fit."""
+        if isinstance(handle, FileWeights):
+            self._check_fits(await asyncio.to_thread(handle.shapes), version)
+            return "turnrl_load_file", handle.path, lambda: None
+        if isinstance(handle, BroadcastWeights):
+            self._check_fits({e["name"]: tuple(e["shape"]) for e in handle.layout_entries()}, version)
+            return "turnrl_receive_broadcast", handle.layout, lambda: None
+        state = await handle.load()
+        self._check_fits({k: tuple(v.shape) for k, v in state.items()}, version)
+        path = os.path.join(self._scratch.name, f"v{version}.safetensors")
+        await asyncio.to_thread(write_safetensors, state, path)
+        return "turnrl_load_file", path, lambda: os.unlink(path)
+
+    def _check_fits(self, shapes: Mapping[str, tuple[int, ...]], version: int) -> None:
+        """Refuse weights whose names or shapes differ from the served model's, before any
+        request can see a half-loaded model."""
+        want = self._shapes
+        missing = sorted(set(want) - set(shapes) - {"lm_head.weight"})
+        unexpected = sorted(set(shapes) - set(want))
+        wrong = sorted(k for k in set(want) & set(shapes) if tuple(want[k]) != tuple(shapes[k]))
+        if missing or unexpected or wrong:
+            raise ValueError(f"weights v{version} do not fit the engine's model: missing={missing[:5]} "
+                             f"unexpected={unexpected[:5]} wrong_shape={wrong[:5]}")
+
+    def stats(self) -> dict[str, float]:
+        return {**self._stats, "open_requests": float(len(self._open)), "version": float(self._version)}
+
+    async def close(self) -> None:
+        if self._llm is None:
+            return
+        await self._on_loop(self._shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._scratch.cleanup()
+
+    async def _shutdown(self) -> None:
+        """On the engine loop, where vLLM's output handler runs: it is cancelled, not left to
+        find its engine core gone. The reference is dropped here, while the interpreter is
+        whole (vLLM's ``__del__`` shuts down again and fails at interpreter exit)."""
+        import gc
+
+        llm, self._llm = self._llm, None
+        llm.shutdown()
+        await asyncio.sleep(0)  # let the cancelled output handler finish and drop its reference
+        del llm
+        gc.collect()
