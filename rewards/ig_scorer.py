@@ -102,30 +102,16 @@ def boundary_contexts(traj: Trajectory) -> list[list[int]]:
     return contexts
 
 
-class IGScorer:
-    """Information-gain scorer around a causal LM and its fast tokenizer.
+class IGRows:
+    """What every IG scorer shares: answer templates, one row per turn boundary, results.
+    Subclasses say how a row's gold log-probs are computed (a model copy here, an engine's
+    prompt log-probs in ``rewards.ig_engine``)."""
 
-    The model must hold the behaviour policy's weights; ``version`` records which (pass the
-    version on ``score`` when the weights changed since construction).
-    """
-
-    def __init__(self, model, tokenizer, cfg: IGConfig, *, version: int = 0) -> None:
-        attn = getattr(model.config, "_attn_implementation", "sdpa")
-        if cfg.share_prefix and attn not in ("sdpa", "eager"):
-            # Other kernels (flash-attention) ignore a custom 4D mask: results would be wrong.
-            raise ValueError(
-                f"IG share_prefix needs attn_implementation 'sdpa' or 'eager', the model uses "
-                f"{attn!r}: load it with attn_implementation='sdpa' or set ig.share_prefix=false"
-            )
-        self.model = model.eval()
+    def __init__(self, tokenizer, cfg: IGConfig) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.version = version
         self._templates: dict[str, AnswerTemplate] = {}
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
-    # -- rows ------------------------------------------------------------------------------
     def template(self, gold: str) -> AnswerTemplate:
         """Answer template for ``gold`` (cached: all boundaries of a task share it)."""
         if gold not in self._templates:
@@ -159,6 +145,51 @@ class IGScorer:
                     )
                 )
         return rows
+
+    def results(
+        self,
+        trajectories: Sequence[Trajectory],
+        values: dict[tuple[int, int], float],
+        versions: Sequence[int],
+    ) -> list[IGResult]:
+        """IG results from per-boundary values; ``versions[i]``: the weights trajectory i
+        was scored with."""
+        results = []
+        for i, traj in enumerate(trajectories):
+            v = [values[(i, b)] for b in range(len(traj.turns))]
+            results.append(
+                IGResult(
+                    trajectory_id=traj.trajectory_id,
+                    values=v,
+                    ig=information_gain(v, self.cfg.mode),
+                    version=versions[i],
+                    mode=self.cfg.mode,
+                    gold_token_count=len(self.template(self._gold(traj)).gold_positions),
+                )
+            )
+        return results
+
+
+class IGScorer(IGRows):
+    """Information-gain scorer around a causal LM and its fast tokenizer.
+
+    The model must hold the behaviour policy's weights; ``version`` records which (pass the
+    version on ``score`` when the weights changed since construction).
+    """
+
+    def __init__(self, model, tokenizer, cfg: IGConfig, *, version: int = 0) -> None:
+        attn = getattr(model.config, "_attn_implementation", "sdpa")
+        if cfg.share_prefix and attn not in ("sdpa", "eager"):
+            # Other kernels (flash-attention) ignore a custom 4D mask: results would be wrong.
+            raise ValueError(
+                f"IG share_prefix needs attn_implementation 'sdpa' or 'eager', the model uses "
+                f"{attn!r}: load it with attn_implementation='sdpa' or set ig.share_prefix=false"
+            )
+        super().__init__(tokenizer, cfg)
+        self.model = model.eval()
+        self.version = version
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
     def batches(self, rows: list[_Row]) -> list[list[_Row]]:
         """Greedy packing, longest first, so rows x longest row <= token_budget.
@@ -311,20 +342,8 @@ class IGScorer:
         values: dict[tuple[int, int], float],
         version: int | None,
     ) -> list[IGResult]:
-        results = []
-        for i, traj in enumerate(trajectories):
-            v = [values[(i, b)] for b in range(len(traj.turns))]
-            results.append(
-                IGResult(
-                    trajectory_id=traj.trajectory_id,
-                    values=v,
-                    ig=information_gain(v, self.cfg.mode),
-                    version=self.version if version is None else version,
-                    mode=self.cfg.mode,
-                    gold_token_count=len(self.template(self._gold(traj)).gold_positions),
-                )
-            )
-        return results
+        v = self.version if version is None else version
+        return self.results(trajectories, values, [v] * len(trajectories))
 
 
 def write_ig_rewards(traj: Trajectory, result: IGResult) -> None:

@@ -10,6 +10,7 @@ weights and counts versions from ``base``."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import zlib
 
 import pytest
@@ -18,7 +19,8 @@ import torch
 from rollout.config import HFEngineConfig, VLLMEngineConfig
 from rollout.engines import local_client
 from rollout.engines.base import SamplingParams
-from rollout.engines.transport import InMemoryWeights
+from rollout.engines.transport import BroadcastGroup, BroadcastWeights, FileWeightsWriter, InMemoryWeights, plan_buckets
+from tests.test_weight_transport import free_port
 
 # The tiny policy never emits end-of-turn after this prompt within 64 greedy tokens (checked in
 # test_greedy_stream_equals_generate), so every control action lands mid-generation.
@@ -57,9 +59,43 @@ def client(engine_client, policy_state):
 
 
 def _perturbed(state: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
-    """A state dict that differs from the policy's (so tokens after the switch can differ)."""
+    """A state dict that differs from the policy's (so tokens after the switch can differ);
+    tensors that share storage (the tied head) still do."""
     gen = torch.Generator().manual_seed(version)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+    new: dict[int, torch.Tensor] = {}
+    for v in state.values():
+        new.setdefault(v.data_ptr(), v + 0.05 * torch.randn(v.shape, generator=gen))
+    return {k: new[v.data_ptr()] for k, v in state.items()}
+
+
+def _send(init: dict, state: dict, layout: list) -> None:
+    BroadcastGroup(init, rank=0).send(state, layout)
+
+
+@pytest.mark.parametrize("transport", ["file", "broadcast"])
+def test_weights_arrive_through_each_transport(client, policy_state, transport, tmp_path) -> None:
+    """A version sent through a safetensors file, or broadcast in buckets from another process
+    (the learner's side, gloo here), serves exactly what the same weights loaded in memory do."""
+    base, new = client.version, _perturbed(policy_state, 7)
+    _run(client.update_weights(base + 1, InMemoryWeights(new)))
+    want = _run(client.generate(PROMPT, LONG)).token_ids
+    _run(client.update_weights(base + 2, InMemoryWeights(policy_state)))
+    assert _run(client.generate(PROMPT, LONG)).token_ids != want
+    if transport == "file":
+        _run(client.update_weights(base + 3, FileWeightsWriter(str(tmp_path)).publish(base + 3, new)))
+    else:
+        unique = {k: v for k, v in new.items() if k != "lm_head.weight"}  # the learner's tied head goes once
+        layout = plan_buckets(unique, bucket_bytes=64 << 10)
+        init = {"host": "127.0.0.1", "port": free_port(), "world_size": 2, "backend": "gloo", "rank": 1,
+                "timeout_s": 120}
+        sender = multiprocessing.get_context("spawn").Process(target=_send, args=(init, unique, layout))
+        sender.start()
+        _run(client.server.join_weight_group(init))
+        _run(client.update_weights(base + 3, BroadcastWeights(layout)))
+        sender.join(timeout=60)
+        assert sender.exitcode == 0 and len(layout) > 1
+    done = _run(client.generate(PROMPT, LONG))
+    assert done.version_spans == [(0, base + 3)] and done.token_ids == want
 
 
 def test_greedy_stream_equals_generate(client, kind) -> None:

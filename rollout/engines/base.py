@@ -110,6 +110,13 @@ class Engine(ABC):
         """Sample one completion of ``prompt_ids``."""
 
     @abstractmethod
+    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        """Score a prompt without sampling: ``(version, lp)`` where ``lp[i]`` is
+        log pi(prompt_ids[i + 1] | prompt_ids[: i + 1]) under the serving weights (untempered),
+        for i = 0 .. len - 2. Used by scorers that read the behaviour policy's log-probs
+        (IG gold answers) from the engine instead of a model copy of their own."""
+
+    @abstractmethod
     async def abort(self, request_id: str) -> bool:
         """End a waiting or running request now (finish reason ``abort``, the tokens sampled
         so far kept); False when no such request is open."""
@@ -126,6 +133,11 @@ class Engine(ABC):
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
         """Load ``version`` from ``handle`` without failing any request; returns the version
         serving once it is loaded (a newer one may have superseded it)."""
+
+    @abstractmethod
+    async def join_weight_group(self, init: dict[str, Any]) -> None:
+        """Join the learner's weight broadcast group (``transport.BroadcastGroup``) as rank
+        ``init["rank"]``; returns once every member has joined."""
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics (tokens generated, batches, mean batch size ...)."""

@@ -47,6 +47,10 @@ class EngineClient(ABC):
         """End an open request now; False when no engine holds it."""
 
     @abstractmethod
+    async def prompt_logprobs(self, prompt_ids: list[int], session_id: str | None = None) -> tuple[int, list[float]]:
+        """``(version, log-probs of prompt_ids[1:])`` from one engine (see ``Engine``)."""
+
+    @abstractmethod
     async def pause(self) -> None: ...
 
     @abstractmethod
@@ -102,6 +106,9 @@ class LocalEngineClient(EngineClient):
 
     async def abort(self, request_id: str) -> bool:
         return await self.server.abort(request_id)
+
+    async def prompt_logprobs(self, prompt_ids, session_id=None) -> tuple[int, list[float]]:
+        return await self.server.prompt_logprobs(prompt_ids)
 
     async def pause(self) -> None:
         await self.server.pause()
@@ -193,6 +200,16 @@ class RayEngineClient(EngineClient):
             self._where.pop(rid, None)
             if not finished:  # the consumer left early: free the engine's row
                 await self.handles[idx].abort.remote(rid)
+
+    async def prompt_logprobs(self, prompt_ids, session_id=None) -> tuple[int, list[float]]:
+        idx = self._pick(session_id)  # a shared session id keeps one context's rows on one engine
+        self._outstanding[idx] += 1
+        try:
+            version, lps = await self.handles[idx].prompt_logprobs.remote(prompt_ids)
+        finally:
+            self._outstanding[idx] -= 1
+        self._seen(version)
+        return version, lps
 
     async def abort(self, request_id: str) -> bool:
         idx = self._where.get(request_id)

@@ -140,6 +140,24 @@ class HFEngine(Engine):
     async def resume(self) -> None:
         self._resumed.set()
 
+    async def join_weight_group(self, init: dict[str, Any]) -> None:
+        from rollout.engines.transport import BroadcastGroup
+
+        await asyncio.to_thread(BroadcastGroup.join, init, self.cfg.device)
+
+    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        # On the decode thread, between batches: torch calls stay on the one thread that owns
+        # the OpenMP pool, and weights never change under the forward pass.
+        return await asyncio.get_running_loop().run_in_executor(self._decoder, self._score_prompt, list(prompt_ids))
+
+    @torch.no_grad()
+    def _score_prompt(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        with self._staged_lock:
+            version = self._version
+            ids = torch.tensor([prompt_ids], device=self.cfg.device)
+            logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+        return version, logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()
+
     async def abort(self, request_id: str) -> bool:
         req = self._open.get(request_id)
         if req is None:

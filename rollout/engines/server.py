@@ -72,6 +72,12 @@ class EngineServer:
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort(request_id)
 
+    async def join_weight_group(self, init: dict[str, Any]) -> None:
+        await self.engine.join_weight_group(init)
+
+    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        return await self.engine.prompt_logprobs(prompt_ids)
+
     async def pause(self) -> None:
         await self.engine.pause()
 

@@ -132,7 +132,8 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams as VSampling
         from vllm.sampling_params import RequestOutputKind
 
-        stops = sorted(set(params.stop_token_ids) | {self._tokenizer.eos_token_id})
+        eos = self._tokenizer.eos_token_id
+        stops = sorted(set(params.stop_token_ids) | ({eos} if eos is not None else set()))
         return VSampling(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
                          stop_token_ids=stops, logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
 
@@ -233,6 +234,30 @@ class VLLMEngine(Engine):
         if len(spans) > 1:
             self._stats["weight_changes_mid_request"] += 1
         return Completion(rid, ids, lps, reason, spans, {"generate": time.perf_counter() - t0})  # type: ignore[arg-type]
+
+    async def join_weight_group(self, init: dict[str, Any]) -> None:
+        # The receiving end lives in vLLM's worker (where the weights are), not in this process.
+        await self._on_loop(self._llm.collective_rpc("turnrl_join_broadcast", args=(dict(init),)))
+
+    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        return await self._on_loop(self._prompt_logprobs(list(prompt_ids)))
+
+    async def _prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        """vLLM's prompt log-probs (``prompt_logprobs=0``: the prompt token's own), from one
+        forward over the prompt; the one sampled token is discarded."""
+        from vllm import SamplingParams as VSampling
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                           output_kind=RequestOutputKind.FINAL_ONLY)
+        version, rid = self._version, new_request_id()
+        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": f"v{version}"}
+        out = None
+        async for out in self._llm.generate(prompt, params, request_id=rid):
+            pass
+        assert out is not None and out.prompt_logprobs is not None
+        lps = [entry[t].logprob for t, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
+        return self._version_at(rid, 0, out.outputs[0].weight_versions) if out.outputs else version, lps
 
     async def abort(self, request_id: str) -> bool:
         if request_id not in self._open:

@@ -1,0 +1,48 @@
+"""IG scored by the rollout engines: gold-answer log-probs read as prompt log-probs.
+
+The model-copy scorer (``rewards.ig_scorer.IGScorer``) keeps its own copy of the policy and
+loads every published version into it. This one asks the engines that sampled the rollouts:
+each boundary row (context + answer template, the same rows ``IGScorer`` builds) is one
+prompt-log-prob request, and the row's value is the mean log-prob of its gold tokens. With
+vLLM the request is one prefill; the rows of a trajectory go to one engine, so with prefix
+caching the context its boundaries share stays in that engine's cache. The values are those
+of the weights the engine serves when it scores, recorded as the result's version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from rewards.config import IGConfig
+from rewards.ig import IGResult
+from rewards.ig_scorer import IGRows, _Row
+from rollout.trajectory import Trajectory
+
+
+class EngineIGScorer(IGRows):
+    """IG through an ``EngineClient`` (``prompt_logprobs``); ``concurrency`` rows in flight."""
+
+    def __init__(self, client: Any, tokenizer: Any, cfg: IGConfig, concurrency: int = 32) -> None:
+        super().__init__(tokenizer, cfg)
+        self.client, self.concurrency = client, concurrency
+
+    async def score(self, trajectories: Sequence[Trajectory]) -> list[IGResult]:
+        """IG for every trajectory. A trajectory whose rows were scored by two versions (an
+        update landed meanwhile) records the older one."""
+        rows = self.rows(trajectories)
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(row: _Row) -> tuple[int, float]:
+            async with gate:
+                session = f"ig:{trajectories[row.traj].trajectory_id}"
+                version, lps = await self.client.prompt_logprobs(row.ids, session_id=session)
+            gold = [lps[p] for p in row.predict_at]  # lps[p] scores token p + 1: a gold token
+            return version, sum(gold) / len(gold)
+
+        scored = await asyncio.gather(*[one(r) for r in rows])
+        values = {(r.traj, r.boundary): v for r, (_, v) in zip(rows, scored)}
+        versions: dict[int, int] = {}
+        for r, (version, _) in zip(rows, scored):
+            versions[r.traj] = min(version, versions.get(r.traj, version))
+        return self.results(trajectories, values, [versions.get(i, 0) for i in range(len(trajectories))])
