@@ -1,20 +1,25 @@
-"""Engine throughput: the HF engine against plain ``model.generate``, side by side in one run.
+"""Engine throughput and weight updates: the HF engine, the vLLM engine and plain
+``model.generate``, side by side in one run.
 
-    .venv/bin/python bench/engines.py [--quick] [--batch B] [--requests R] [--max-new-tokens T]
+    .venv/bin/python bench/engines.py [--quick] [--batch B] [--requests R] [--max-new-tokens T] [--no-vllm]
 
 Same model (the tiny warm-started policy of bench/serving.py), the same search-QA prompts, the
 same sampling (temperature 0.7, top-p 1, at most T new tokens, stopping at end-of-turn):
 
 1. **Equal batch.** B prompts at once: one ``model.generate`` call on the left-padded batch,
-   against B concurrent requests to the engine (which decodes them as one batch). Prints
-   generated tokens/s of each and their ratio (goal: the engine at least matches it).
+   against B concurrent requests to each engine. Prints generated tokens/s of each and the
+   ratios (goal: the HF engine at least matches ``generate``).
 2. **Concurrent load.** R requests arriving together, as a server sees them: a plain server
-   answers each with its own ``model.generate`` call, one after another; the engine batches
-   whatever is waiting (up to ``rollout.engine.max_batch``). Prints tokens/s, p50/p99 request
-   latency and the throughput ratio (goal: the engine beats it).
-3. **Per-token overhead.** The engine's wall time per generated token at batch B minus that of
-   ``model.generate`` at the same batch: the Python the engine adds per token (sampling, emitting,
-   step boundaries for pause and weight loads).
+   answers each with its own ``model.generate`` call, one after another; the HF engine batches
+   whatever is waiting (up to ``max_batch``), vLLM schedules continuously. Prints tokens/s,
+   p50/p99 request latency and the throughput ratios (goal: the engines beat it).
+3. **Per-token overhead.** The HF engine's wall time per generated token at batch B minus that
+   of ``model.generate`` at the same batch: the Python the engine adds per token.
+4. **Weight updates.** Latency of ``update_weights`` into each engine per transport (in memory,
+   Ray object store, safetensors file in /dev/shm, bucketed gloo broadcast from another
+   process), with the bytes moved and GB/s; each engine keeps serving in between. On a GPU
+   machine a plain NCCL broadcast of the same bytes would be the physical reference: this CPU
+   has none, so it is not printed.
 
 Tokens are counted as generated (rows that stop early stop counting), so both sides are
 charged for the padding rows they carry.
@@ -96,6 +101,74 @@ def timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
+def engine_config(kind: str, max_batch: int) -> Any:
+    from rollout.config import HFEngineConfig, VLLMEngineConfig
+
+    if kind == "hf":
+        return HFEngineConfig(max_batch=max_batch, torch_threads=2)
+    return VLLMEngineConfig(max_num_seqs=max_batch, torch_threads=2, max_model_len=2048)
+
+
+def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int, float]]:
+    """Weight-update latency into one engine per transport: (transport, bytes, best seconds)."""
+    import multiprocessing
+    import socket
+    import tempfile
+
+    import ray
+
+    from rollout.engines import local_client
+    from rollout.engines.transport import (BroadcastWeights, FileWeightsWriter, InMemoryWeights,
+                                           ObjectStoreWeights, plan_buckets)
+
+    torch.set_num_threads(2)
+    from transformers import AutoModelForCausalLM
+
+    state = {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_pretrained(policy).state_dict().items()
+             if k != "lm_head.weight"}  # tied: the head travels as the embedding
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    client = local_client(engine_config(kind, 16), policy)
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    shm = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    version = 0
+
+    def timed_update(make_handle: Any) -> float:
+        nonlocal version
+        version += 1
+        t0 = time.perf_counter()
+        asyncio.run(client.update_weights(version, make_handle(version)))
+        return time.perf_counter() - t0
+
+    out = [("memory", nbytes, min(timed_update(lambda v: InMemoryWeights(state)) for _ in range(repeats))),
+           ("ray object store", nbytes, min(timed_update(lambda v: ObjectStoreWeights([ray.put(state)]))
+                                          for _ in range(repeats)))]
+    writer = FileWeightsWriter(shm)
+    out.append(("file (/dev/shm)", nbytes, min(timed_update(lambda v: writer.publish(v, state)) for _ in range(repeats))))
+    layout = plan_buckets(state, bucket_bytes=64 << 20)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    init = {"host": "127.0.0.1", "port": port, "world_size": 2, "backend": "gloo", "rank": 1}
+    sender = multiprocessing.get_context("spawn").Process(target=broadcast_sender, args=(init, state, layout, repeats))
+    sender.start()
+    asyncio.run(client.server.join_weight_group(init))
+    out.append(("gloo broadcast", nbytes, min(timed_update(lambda v: BroadcastWeights(layout)) for _ in range(repeats))))
+    sender.join()
+    ray.shutdown()
+    asyncio.run(client.engine.close())
+    return out
+
+
+def broadcast_sender(init: dict, state: dict, layout: list, times: int) -> None:
+    """The learner's side of the broadcast: send ``state`` ``times`` times (the engine receives
+    each when its update starts)."""
+    from rollout.engines.transport import BroadcastGroup
+
+    group = BroadcastGroup(init, rank=0)
+    for _ in range(times):
+        group.send(state, layout)
+
+
 def run_phase(side: str, phase: str, policy: str, n_prompts: int, max_batch: int, max_new: int,
               repeats: int) -> tuple[int, float, list[float]]:
     """One side of one phase in this (fresh) process: (tokens, seconds, request latencies) of
@@ -105,7 +178,6 @@ def run_phase(side: str, phase: str, policy: str, n_prompts: int, max_batch: int
     torch.set_num_threads(2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.config import HFEngineConfig
     from rollout.engines import local_client
 
     _, source = build_policy(show_progress=False)
@@ -117,7 +189,7 @@ def run_phase(side: str, phase: str, policy: str, n_prompts: int, max_batch: int
         one = (lambda: (generate_batch(model, tok, prompts, max_new), [])) if phase == "batch" \
             else (lambda: plain_server(model, tok, prompts, max_new))
     else:
-        client = local_client(HFEngineConfig(max_batch=max_batch), policy)
+        client = local_client(engine_config(side, max_batch), policy)
 
         def one() -> tuple[int, list[float]]:
             return asyncio.run(engine_requests(client, prompts, max_new))
@@ -138,33 +210,52 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64, help="R, requests arriving together")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3, help="equal-batch runs per side (best kept)")
+    p.add_argument("--no-vllm", action="store_true", help="leave the vLLM engine out (not installed)")
     args = p.parse_args()
     if args.quick:
         args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 1
     policy, _ = build_policy()
     ctx = multiprocessing.get_context("spawn")
-    res = {}
-    for side, phase, n, reps in (("generate", "batch", args.batch, args.repeats),
-                                 ("engine", "batch", args.batch, args.repeats),
-                                 ("generate", "load", args.requests, 1), ("engine", "load", args.requests, 1)):
+    engines = ["hf"] if args.no_vllm else ["hf", "vllm"]
+    res, updates = {}, {}
+    for side, phase, n, reps in [(side, phase, n, reps) for phase, n, reps in
+                                 (("batch", args.batch, args.repeats), ("load", args.requests, 1))
+                                 for side in ("generate", *engines)]:
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
             res[side, phase] = pool.submit(run_phase, side, phase, policy, n, args.batch, args.max_new_tokens,
                                            reps).result()
+    for kind in engines:
+        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+            updates[kind] = pool.submit(run_transports, kind, policy, args.repeats).result()
+    report(args, res, updates, engines)
+
+
+def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
     tps = {key: tokens / seconds for key, (tokens, seconds, _) in res.items()}
     q = lambda xs, k: statistics.quantiles(xs, n=100)[k - 1] if len(xs) > 1 else xs[0]  # noqa: E731
-    gen_lat, eng_lat = res["generate", "load"][2], res["engine", "load"][2]
+    name = {"generate": "model.generate", "hf": "HF engine", "vllm": "vLLM engine"}
     print(f"\nengines: tiny policy, temperature {TEMPERATURE}, <= {args.max_new_tokens} new tokens, 2 torch "
           "threads, each measurement in its own process")
-    print(f"1. equal batch of {args.batch}: model.generate {tps['generate', 'batch']:.0f} tok/s, engine "
-          f"{tps['engine', 'batch']:.0f} tok/s, ratio engine/generate "
-          f"{tps['engine', 'batch'] / tps['generate', 'batch']:.2f} (goal >= 1.00)")
-    print(f"2. {args.requests} concurrent requests: one generate per request {tps['generate', 'load']:.0f} tok/s "
-          f"(p50 {q(gen_lat, 50):.2f} s, p99 {q(gen_lat, 99):.2f} s); engine {tps['engine', 'load']:.0f} tok/s "
-          f"(p50 {q(eng_lat, 50):.2f} s, p99 {q(eng_lat, 99):.2f} s); throughput ratio "
-          f"{tps['engine', 'load'] / tps['generate', 'load']:.2f} (goal > 1)")
-    per = {side: 1e3 / tps[side, "batch"] for side in ("engine", "generate")}
-    print(f"3. per-token overhead at batch {args.batch}: engine {per['engine']:.3f} ms/token, generate "
-          f"{per['generate']:.3f} ms/token, engine adds {per['engine'] - per['generate']:+.3f} ms/token")
+    print(f"1. equal batch of {args.batch}: " + ", ".join(f"{name[s]} {tps[s, 'batch']:.0f} tok/s"
+                                                          for s in ("generate", *engines)))
+    for s in engines:
+        print(f"   ratio {name[s]}/generate {tps[s, 'batch'] / tps['generate', 'batch']:.2f}"
+              + (" (goal >= 1.00)" if s == "hf" else ""))
+    print(f"2. {args.requests} concurrent requests (generate: one call per request, in turn):")
+    for s in ("generate", *engines):
+        lat = res[s, "load"][2]
+        print(f"   {name[s]}: {tps[s, 'load']:.0f} tok/s, p50 {q(lat, 50):.2f} s, p99 {q(lat, 99):.2f} s"
+              + ("" if s == "generate" else f", throughput ratio to generate {tps[s, 'load'] / tps['generate', 'load']:.2f}"
+                 " (goal > 1)"))
+    per = {side: 1e3 / tps[side, "batch"] for side in ("hf", "generate")}
+    print(f"3. per-token overhead at batch {args.batch}: HF engine {per['hf']:.3f} ms/token, generate "
+          f"{per['generate']:.3f} ms/token, the engine adds {per['hf'] - per['generate']:+.3f} ms/token")
+    print("4. weight update latency (best of the repeats; bytes of the tied-once state dict):")
+    for kind in engines:
+        for transport, nbytes, seconds in updates[kind]:
+            print(f"   {name[kind]:<11} {transport:<17} {nbytes / 1e6:7.2f} MB  {seconds * 1e3:8.1f} ms  "
+                  f"{nbytes / seconds / 1e9:6.3f} GB/s")
+    print("   NCCL broadcast of the same bytes (physical reference): not measured, no GPU on this machine")
 
 
 if __name__ == "__main__":

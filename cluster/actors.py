@@ -144,11 +144,11 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}").remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
     broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
-    reward = start_reward_service(cfg, replay, broker, str(policy_path))
-    envs = start_env_hosts(cfg)
-    env_ports = [ActorEnvPort(h) for h in envs] or None
     engines = start_engines(cfg, str(policy_path), broker, run_id)
     client = RayEngineClient(engines, str(policy_path))
+    reward = start_reward_service(cfg, replay, broker, str(policy_path), client)
+    envs = start_env_hosts(cfg)
+    env_ports = [ActorEnvPort(h) for h in envs] or None
     rollouts = [
         ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, max_concurrency=256).remote(
             i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)

@@ -85,9 +85,10 @@ def check_cpus(cfg: RunConfig, n_scorers: int, n_judges: int) -> None:
             "judge_num_cpus / num_scorers (fractions are fine) or add nodes")
 
 
-def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: str) -> Any:
+def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: str, engines: Any = None) -> Any:
     """Returns the front handle: ``submit.remote(group)`` scores a group and puts it into
-    replay (returning the ``PutResult``); ``stats.remote()`` returns counters and queue depths."""
+    replay (returning the ``PutResult``); ``stats.remote()`` returns counters and queue depths.
+    ``engines``: the run's engine client, for ``rewards.ig.scorer: engine``."""
     import ray
 
     from rewards.judge import JudgeWorker
@@ -96,11 +97,14 @@ def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: 
     from cluster.telemetry import instrument
 
     rc, sc = cfg.rewards, cfg.rewards.service
+    ig_on_engines = rc.ig is not None and rc.ig.scorer == "engine"
+    if ig_on_engines:  # the model scorers (if any) score only the PRM
+        rc = rc.model_copy(update={"ig": None})
     need_scorers = rc.ig is not None or (rc.prm is not None and rc.prm.type == "model")
     need_judges = rc.prm is not None and rc.prm.type == "judge"
     check_cpus(cfg, sc.num_scorers if need_scorers else 0, rc.prm.num_workers if need_judges else 0)
     scorers, judges = [], []
-    if rc.ig is not None or (rc.prm is not None and rc.prm.type == "model"):
+    if need_scorers:
         # A crashed scorer comes back (its in-flight batch is flagged missing meanwhile).
         actor = ray.remote(ModelScorer).options(num_cpus=sc.scorer_num_cpus, max_restarts=2)
         scorers = [actor.remote(rc, policy_path, BrokerWeights(broker), torch_threads=sc.torch_threads)
@@ -111,7 +115,20 @@ def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: 
                   for _ in range(rc.prm.num_workers)]
     # Surface a bad PRM/judge path here rather than as missing rewards in every group.
     ray.get([a.__ray_ready__.remote() for a in scorers + judges])
+    ports: list[Any] = [ActorScorer(a) for a in scorers]
+    if ig_on_engines:
+        ports = engine_ig_ports(cfg, engines, ports)
     return ray.remote(instrument(RewardService, "reward")).options(
         num_cpus=cfg.cluster.reward_num_cpus, max_concurrency=1000,
-    ).remote(rc, cfg.replay, ReplayPut(replay), [ActorScorer(a) for a in scorers],
-             [ActorJudge(a) for a in judges])
+    ).remote(cfg.rewards, cfg.replay, ReplayPut(replay), ports, [ActorJudge(a) for a in judges])
+
+
+def engine_ig_ports(cfg: RunConfig, engines: Any, model_ports: list[Any]) -> list[Any]:
+    """Scorer ports that read IG from the engine group (each merged with a model scorer's PRM
+    results when there are model scorers)."""
+    from rewards.ig_engine import EngineIGScorer, EngineScorerPort
+
+    if engines is None:
+        raise ValueError("rewards.ig.scorer: engine needs the run's engines (start them before the reward service)")
+    scorer = EngineIGScorer(engines, engines.tokenizer, cfg.rewards.ig)
+    return [EngineScorerPort(scorer, port) for port in model_ports] or [EngineScorerPort(scorer)]

@@ -41,6 +41,12 @@ class IGConfig(BaseModel):
     """IG_t = exp(v_t) - exp(v_{t-1}) (paper) or v_t - v_{t-1}."""
     token_budget: int = Field(default=16384, ge=1)
     """Max padded tokens (rows x longest row) per batched forward pass of the IG scorer."""
+    scorer: Literal["model", "engine"] = "model"
+    """Where gold-answer log-probs come from. ``model``: the reward scorers' own copy of the
+    policy, loaded with each trajectory's behaviour version (exact versions, one more model
+    in memory per scorer). ``engine``: prompt log-probs from the rollout engines (vLLM's
+    prompt log-probs; no model copy), on the version each engine serves when it scores; the
+    recorded version says which, and mismatches are counted."""
     share_prefix: bool = True
     """Run each trajectory's context once and score all its boundaries against that KV cache
     (custom 4D mask); False scores one padded row per boundary (recomputes shared prefixes)."""

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
+from rewards.combine import SourceResult, failed
 from rewards.config import IGConfig
 from rewards.ig import IGResult
 from rewards.ig_scorer import IGRows, _Row
+from rewards.scorer import ig_source_result
 from rollout.trajectory import Trajectory
 
 
@@ -46,3 +48,35 @@ class EngineIGScorer(IGRows):
         for r, (version, _) in zip(rows, scored):
             versions[r.traj] = min(version, versions.get(r.traj, version))
         return self.results(trajectories, values, [versions.get(i, 0) for i in range(len(trajectories))])
+
+
+class EngineScorerPort:
+    """The reward service's scorer port for ``rewards.ig.scorer: engine``: IG through the
+    engines, merged with what ``others`` (model scorers for a PRM, if any) return."""
+
+    def __init__(self, scorer: EngineIGScorer, others: Any = None) -> None:
+        self.scorer, self.others = scorer, others
+
+    async def score(self, trajs: list[Trajectory]) -> list[dict[str, SourceResult]]:
+        async def ig() -> list[dict[str, SourceResult]]:
+            out: list[dict[str, SourceResult]] = [{} for _ in trajs]
+            ok = [i for i, t in enumerate(trajs) if t.gold_answers]
+            for i in set(range(len(trajs))) - set(ok):
+                out[i]["ig"] = failed(range(len(trajs[i].turns) - 1), "IG needs gold_answers")
+            try:
+                results = await self.scorer.score([trajs[i] for i in ok])
+            except Exception as exc:  # noqa: BLE001 - an engine failure leaves IG missing, flagged
+                results = None
+                for i in ok:
+                    out[i]["ig"] = failed(range(len(trajs[i].turns) - 1), f"IG engine: {type(exc).__name__}: {exc}")
+            for i, res in zip(ok, results or []):
+                out[i]["ig"] = ig_source_result(res)
+            return out
+
+        mine, theirs = await asyncio.gather(ig(), self._others(trajs))
+        return [{**b, **a} for a, b in zip(mine, theirs)]
+
+    async def _others(self, trajs: list[Trajectory]) -> list[dict[str, SourceResult]]:
+        if self.others is None:
+            return [{} for _ in trajs]
+        return await self.others.score(trajs)

@@ -64,6 +64,13 @@ def _isolating(fn: Callable[[list[Trajectory]], list[SourceResult]], trajs: list
     return out
 
 
+def ig_source_result(res: Any) -> SourceResult:
+    """An ``IGResult`` as the reward service's per-source result: IG_t on turns 0..T-2."""
+    values = {t: g for t, g in enumerate(res.ig)}
+    return SourceResult(values=values, versions={t: res.version for t in values},
+                        extra={"values": res.values, "version": res.version})
+
+
 class ModelScorer:
     """Holds the IG policy copy and/or the PRM; ``score`` fills both for a batch."""
 
@@ -134,16 +141,11 @@ class ModelScorer:
 
     # -- sources ---------------------------------------------------------------------------
     def _ig_batch(self, trajs: list[Trajectory]) -> list[SourceResult]:
-        results = self.ig.score(trajs)
-        out = []
-        for traj, res in zip(trajs, results):
-            values = {t: g for t, g in enumerate(res.ig)}
-            versions = {t: res.version for t in values}
-            self.counts["ig_values"] += len(values)
+        out = [ig_source_result(res) for res in self.ig.score(trajs)]
+        for traj, res in zip(trajs, out):
+            self.counts["ig_values"] += len(res.values)
             self.counts["ig_version_mismatch"] += sum(
-                traj.turns[t].policy_version != res.version for t in values)
-            out.append(SourceResult(values=values, versions=versions,
-                                    extra={"values": res.values, "version": res.version}))
+                traj.turns[t].policy_version != v for t, v in res.versions.items())
         return out
 
     def score_ig(self, trajs: Sequence[Trajectory]) -> list[SourceResult]:

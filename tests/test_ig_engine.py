@@ -55,3 +55,49 @@ def test_engine_ig_equals_the_model_copy_scorer(tiny_path, kind) -> None:
         assert g.ig == pytest.approx(w.ig, abs=TOLERANCE)
         diffs += [abs(a - b) for a, b in zip(g.values, w.values)]
     print(f"{kind}: max |engine - model copy| over {len(diffs)} boundary values = {max(diffs):.2e}")
+
+
+def test_the_reward_service_writes_engine_ig_into_the_turns(tiny_path) -> None:
+    """The scorer port a run uses for ``rewards.ig.scorer: engine``: IG_t lands in turns
+    0..T-2 with the engine's version, equal to the model-copy scorer's IG."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from replay.config import ReplayConfig
+    from rewards.config import RewardsConfig
+    from rewards.ig_engine import EngineScorerPort
+    from rewards.service import RewardService
+    from rollout.trajectory import Group
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    cfg = RewardsConfig(ig=IGConfig(scorer="engine"))
+    trajs = [t for t in mixed_trajs(tok) if t.turns]
+    want = IGScorer(LlamaForCausalLM.from_pretrained(tiny_path), tok, cfg.ig).score_per_turn(trajs)
+    client = local_client(VLLMEngineConfig(max_model_len=512), tiny_path)
+    try:
+        service = RewardService(cfg, ReplayConfig(), None, [EngineScorerPort(EngineIGScorer(client, tok, cfg.ig))])
+        group = asyncio.run(service.score_group(Group(group_id="g", task_id="t", trajectories=trajs)))
+    finally:
+        asyncio.run(client.engine.close())
+    for traj, w in zip(group.trajectories, want):
+        got = [turn.rewards["ig"] for turn in traj.turns[:-1]]
+        assert got == pytest.approx(w.ig, abs=TOLERANCE)
+        assert all(turn.reward_versions["ig"] == 0 for turn in traj.turns[:-1])
+        assert "ig" not in traj.turns[-1].rewards  # the final turn's reward is the outcome
+
+
+@pytest.mark.slow
+def test_a_run_scores_ig_on_its_vllm_engines(tiny_run_config, tiny_policy, ray_cluster, tmp_path) -> None:
+    """``rewards.ig.scorer: engine`` in a real run: no model scorer is started, the reward
+    service reads gold log-probs from the run's vLLM engine, and IGPO trains on them."""
+    import json
+
+    from cluster.driver import train
+
+    cfg = tiny_run_config([
+        f"output_dir={tmp_path}", "name=ig-engine", "train.steps=2", "rollout.group_size=2",
+        "learner.batch_groups=2", "rollout.groups_in_flight=2", "rollout.max_new_tokens=32", "eval.num_tasks=0",
+        "progress=none", "rollout.engine.type=vllm", "rewards.ig={scorer: engine}", "learner.estimator.type=igpo"])
+    result = train(cfg, on_stage=lambda s: None)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert result.steps == 2 and [r["version"] for r in rows] == [1, 2]
+    assert all(r["samples"] == 4 for r in rows)
