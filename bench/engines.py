@@ -196,14 +196,32 @@ def run_phase(side: str, phase: str, policy: str, n_prompts: int, max_batch: int
 
         asyncio.run(engine_requests(client, prompts[:2], 4))  # warm up
     runs = [timed(one) for _ in range(repeats)]
+    if side != "generate":
+        asyncio.run(client.engine.close())
     (tokens, latency), seconds = max(runs, key=lambda r: r[0][0] / r[1])
     return tokens, seconds, latency
 
 
-def main() -> None:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def _child(conn: Any, fn: Any, args: tuple) -> None:
+    conn.send(fn(*args))
+    conn.close()
 
+
+def in_fresh_process(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a new spawned, non-daemonic process (vLLM starts processes of its own,
+    which a pool's daemonic workers may not), returning its result."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, fn, args))
+    proc.start()
+    out = recv.recv()
+    proc.join()
+    return out
+
+
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="batch 8, 16 requests, 24 new tokens, 1 repeat")
     p.add_argument("--batch", type=int, default=16, help="B, the equal-batch size")
@@ -215,18 +233,14 @@ def main() -> None:
     if args.quick:
         args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 1
     policy, _ = build_policy()
-    ctx = multiprocessing.get_context("spawn")
     engines = ["hf"] if args.no_vllm else ["hf", "vllm"]
     res, updates = {}, {}
     for side, phase, n, reps in [(side, phase, n, reps) for phase, n, reps in
                                  (("batch", args.batch, args.repeats), ("load", args.requests, 1))
                                  for side in ("generate", *engines)]:
-        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            res[side, phase] = pool.submit(run_phase, side, phase, policy, n, args.batch, args.max_new_tokens,
-                                           reps).result()
+        res[side, phase] = in_fresh_process(run_phase, side, phase, policy, n, args.batch, args.max_new_tokens, reps)
     for kind in engines:
-        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            updates[kind] = pool.submit(run_transports, kind, policy, args.repeats).result()
+        updates[kind] = in_fresh_process(run_transports, kind, policy, args.repeats)
     report(args, res, updates, engines)
 
 
