@@ -110,7 +110,7 @@ def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) ->
     eng = cfg.rollout.engine
     actor = ray.remote(instrument(EngineServer, "engine")).options(
         num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, max_concurrency=eng.max_concurrency)
-    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker))
+    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker), i + 1)
             for i in range(eng.count)]
 
 
@@ -155,7 +155,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         for i in range(cfg.rollout.num_workers)
     ]
     learner = learner_actor_class(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
-        cfg.learner, str(policy_path), run_dir, ActorLearnerPorts(replay, broker),
+        cfg.learner, str(policy_path), run_dir,
+        ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count),
         group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume,
         live_groups=live_groups)
     started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client)

@@ -116,6 +116,15 @@ class RunConfig(BaseModel):
     """Console progress: a live bar, one log line per step, or nothing."""
 
     @model_validator(mode="after")
+    def _broadcast_reaches_every_weights_reader(self) -> "RunConfig":
+        ig = self.rewards.ig
+        if self.rollout.weights.transport == "broadcast" and ig is not None and ig.scorer == "model":
+            raise ValueError("rollout.weights.transport=broadcast sends weights to the engines only, but "
+                             "rewards.ig.scorer=model loads every version into the reward scorers' own copy: "
+                             "set rewards.ig.scorer=engine, or rollout.weights.transport=object_store or file")
+        return self
+
+    @model_validator(mode="after")
     def _live_source_is_served(self) -> "RunConfig":
         if self.train.source == "rollout":
             return self

@@ -50,8 +50,8 @@ class ActorJudge:
 class BrokerWeights:
     """The learner's weight broker as a ``rewards.scorer.WeightSource``.
 
-    The broker hands out ``(version, [ObjectRef])``; the scorer keeps the boxed reference as
-    the handle (the tensors stay in the object store) and fetches only when it loads them.
+    The broker hands out ``(version, WeightHandle)``; the scorer keeps the handle (the tensors
+    stay where the transport put them) and fetches only when it loads them.
     """
 
     def __init__(self, broker: Any) -> None:
@@ -63,9 +63,9 @@ class BrokerWeights:
         return ray.get(self.broker.latest.remote(have))
 
     def fetch(self, handle: Any) -> Any:
-        import ray
+        import asyncio
 
-        return ray.get(handle[0])
+        return asyncio.run(handle.load())  # a scorer actor's thread has no running loop
 
 
 def check_cpus(cfg: RunConfig, n_scorers: int, n_judges: int) -> None:

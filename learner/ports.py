@@ -18,8 +18,13 @@ class LearnerPorts(Protocol):
 
 
 class ActorLearnerPorts:
-    def __init__(self, replay: Any, broker: Any) -> None:
+    """``weights``: a ``rollout.weights`` config and the engine count, for the publisher the
+    learner builds in its own process on first publish (object store when None)."""
+
+    def __init__(self, replay: Any, broker: Any, weights: Any = None, run_dir: str = "", engines: int = 1) -> None:
         self.replay, self.broker = replay, broker
+        self.weights, self.run_dir, self.engines = weights, run_dir, engines
+        self._publisher: Any = None
 
     def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
         import ray
@@ -39,4 +44,9 @@ class ActorLearnerPorts:
     def publish(self, version: int, state: Mapping[str, Any]) -> None:
         import ray
 
-        ray.get(self.broker.publish.remote(version, [ray.put(dict(state))]))
+        from learner.weights import ObjectStorePublisher, make_publisher
+
+        if self._publisher is None:
+            self._publisher = (ObjectStorePublisher() if self.weights is None
+                               else make_publisher(self.weights, self.run_dir, self.engines))
+        ray.get(self.broker.publish.remote(version, self._publisher.publish(version, state)))

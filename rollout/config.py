@@ -88,6 +88,24 @@ class VLLMEngineConfig(EngineGroupConfig):
 EngineConfig = Annotated[HFEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
 
 
+class WeightSyncConfig(BaseModel):
+    """How the learner's new weights reach the engines (``rollout/engines/transport.py``,
+    docs/engines.md)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    transport: Literal["object_store", "file", "broadcast"] = "object_store"
+    """``object_store``: a state dict in Ray's object store (any cluster). ``file``: one
+    safetensors file per version under ``<run dir>/weights`` (every engine's node must see the
+    run directory; vLLM's workers read it directly). ``broadcast``: learner rank 0 sends
+    buckets over a process group of its own to every engine (NCCL on GPUs, gloo on CPUs); the
+    learner never waits for it, but each version is a collective every engine receives."""
+    bucket_mib: int = Field(256, ge=1)
+    """``broadcast``: size of the flat buffers parameters travel in (one collective each)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """``broadcast``: longest a member waits for the others (joining, or a version's buckets)."""
+
+
 class EnvActorsConfig(BaseModel):
     """Environments in their own Ray actors, shared by the rollout actors (for heavy ones)."""
 
@@ -132,7 +150,10 @@ class RolloutConfig(BaseModel):
     turn), and ``seq-mean-*`` loss aggregations average over those rows. Reward scorers (IG,
     PRM, judge) still read the whole episode."""
     engine: EngineConfig = HFEngineConfig()
-    """Inference engine settings."""
+    """Inference engine settings: the group every rollout worker and the live endpoint use,
+    selected by ``type``."""
+    weights: WeightSyncConfig = WeightSyncConfig()
+    """How new weights travel from the learner to the engines."""
     num_cpus: float = Field(0.1, gt=0)
     """Ray CPUs reserved per rollout actor (it steps environments; engines generate)."""
     env_actors: EnvActorsConfig = EnvActorsConfig()

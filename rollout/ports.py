@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from envs.base import Observation, StepResult, Task
-from rollout.engines.transport import ObjectStoreWeights, WeightHandle
+from rollout.engines.transport import WeightHandle
 from rollout.trajectory import Group
 
 
@@ -44,11 +44,7 @@ class BrokerWeightSource:
         self.broker = broker
 
     async def latest(self, have: int) -> tuple[int, WeightHandle] | None:
-        got = await self.broker.latest.remote(have)
-        if got is None:
-            return None
-        version, boxed = got  # the state dict travels as an object ref inside a list
-        return version, ObjectStoreWeights(boxed)
+        return await self.broker.latest.remote(have)
 
 
 class ActorEnvPort:

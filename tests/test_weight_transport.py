@@ -116,3 +116,37 @@ def test_broadcast_over_nccl_between_two_gpus() -> None:
     got = dict(BroadcastGroup.joined.receive(layout))
     sender.join(timeout=120)
     assert all(torch.equal(got[k].cpu(), state[k].cpu()) for k in state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["file", "broadcast"])
+def test_a_run_publishes_through_each_transport(tiny_run_config, tiny_policy, ray_cluster, tmp_path, transport) -> None:
+    """``rollout.weights.transport`` in a real run: the learner publishes every version
+    through it, the engines load each (two engines: the broadcast has three members), and
+    training advances."""
+    import json
+
+    from cluster.driver import train
+
+    cfg = tiny_run_config([
+        f"output_dir={tmp_path}", f"name=w-{transport}", "train.steps=3", "rollout.group_size=2",
+        "learner.batch_groups=2", "rollout.groups_in_flight=2", "rollout.max_new_tokens=24", "eval.num_tasks=0",
+        "progress=none", f"rollout.weights.transport={transport}", "rollout.engine.count=2",
+        "rollout.engine.num_cpus=0.1"])
+    result = train(cfg, on_stage=lambda s: None)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert result.steps == 3 and [r["version"] for r in rows] == [1, 2, 3]
+    # samples of later steps came from weights the learner published through the transport
+    assert max(r["staleness/max"] for r in rows) <= cfg.replay.eta
+    if transport == "file":  # the newest two versions' files are kept
+        names = sorted(p.name for p in (result.run_dir / "weights").iterdir())
+        assert names == ["weights-v00000002.safetensors", "weights-v00000003.safetensors"]
+
+
+def test_broadcast_with_a_model_copy_ig_scorer_is_refused() -> None:
+    from cluster.config import load_config
+
+    with pytest.raises(ValueError, match="rollout.weights.transport=broadcast sends weights to the engines only"):
+        load_config(None, ["rollout.weights.transport=broadcast", "rewards.ig={scorer: model}"])
+    cfg = load_config(None, ["rollout.weights.transport=broadcast", "rewards.ig={scorer: engine}"])
+    assert cfg.rollout.weights.transport == "broadcast"

@@ -21,8 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class EngineServer:
-    def __init__(self, cfg: Any, model_path: str, seed: int = 0, weights: Any = None) -> None:
-        self.cfg, self.weights = cfg, weights
+    def __init__(self, cfg: Any, model_path: str, seed: int = 0, weights: Any = None, rank: int = 1) -> None:
+        """``rank``: this engine's rank in the learner's weight broadcast group (1..N)."""
+        self.cfg, self.weights, self.rank = cfg, weights, rank
+        self._joined: dict[str, Any] | None = None
         self.engine = make_engine(cfg, model_path, seed=seed)
         self._follower: asyncio.Task | None = None
         self._sync_lock: asyncio.Lock | None = None
@@ -58,8 +60,17 @@ class EngineServer:
         async with self._sync_lock:  # the follower and an explicit sync never load twice
             got = await self.weights.latest(self.engine.version)
             if got is not None:
+                await self._join_group_of(got[1])
                 await self.engine.update_weights(*got)
         return self.engine.version
+
+    async def _join_group_of(self, handle: WeightHandle) -> None:
+        """A broadcast handle names its group: join it (as this engine's rank) before the
+        first version sent over it; every engine of the group does the same."""
+        init = getattr(handle, "init", None)
+        if init is not None and init != self._joined:
+            await self.engine.join_weight_group({**init, "rank": self.rank})
+            self._joined = init
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Completion:
         return await self.engine.generate(prompt_ids, params, request_id)

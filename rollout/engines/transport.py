@@ -125,8 +125,11 @@ class BroadcastWeights(WeightHandle):
     layout; receiving is a collective, so every engine of the group must receive each
     version the learner sends (engines poll the broker for it)."""
 
-    def __init__(self, layout: list[dict[str, Any]]) -> None:
+    def __init__(self, layout: list[dict[str, Any]], init: Mapping[str, Any] | None = None) -> None:
         self.layout = layout
+        self.init = dict(init) if init is not None else None
+        """The group to receive on (host, port, world_size, backend): an engine that has not
+        joined it yet joins as its own rank first."""
 
     def layout_entries(self) -> list[dict[str, Any]]:
         return [e for b in self.layout for e in b["entries"]]
