@@ -184,6 +184,29 @@ def test_weight_update_during_a_long_generation_records_both_versions(client, po
     assert after.version_spans == [(0, base + 1)]
 
 
+def test_between_batches_waits_for_the_requests_in_flight(client, policy_state) -> None:
+    """``weight_update: between_batches``: a request in flight finishes on the weights it
+    started with; the update lands after it (vLLM: ``pause_generation(mode="wait")``)."""
+    base, engine = client.version, client.engine
+    saved = engine.cfg
+    engine.cfg = saved.model_copy(update={"weight_update": "between_batches"})  # read at each update
+
+    async def go():
+        stream = client.stream(PROMPT, LONG)
+        chunks = [await stream.__anext__()]
+        update = asyncio.create_task(client.update_weights(base + 1, InMemoryWeights(_perturbed(policy_state, 1))))
+        chunks += [c async for c in stream]
+        return chunks, await update
+
+    try:
+        chunks, serving = _run(go())
+    finally:
+        engine.cfg = saved
+    assert sum(len(c.token_ids) for c in chunks) == 64 and chunks[-1].finish_reason == "length"
+    assert {c.version for c in chunks if c.token_ids} == {base}
+    assert serving == base + 1 and _run(client.generate(PROMPT, LONG)).version == base + 1
+
+
 def test_update_without_pause_loads_between_steps_and_never_fails_a_request(client, policy_state) -> None:
     base, loads = client.version, client.engine.stats()["weight_loads"]
 
