@@ -97,18 +97,18 @@ def make_publisher(cfg: Any, run_dir: str, engines: int) -> Any:
 class WeightBroker:
     def __init__(self) -> None:
         self._version = 0
-        self._boxed: list[Any] | None = None
+        self._handle: WeightHandle | None = None
         self._published_at = 0.0
 
     def publish(self, version: int, handle: WeightHandle) -> None:
         """``handle``: where the version's weights are (its tensors never pass through here)."""
         if version > self._version:
-            self._version, self._boxed, self._published_at = version, handle, time.time()
+            self._version, self._handle, self._published_at = version, handle, time.time()
 
     def latest(self, have: int) -> tuple[int, WeightHandle] | None:
-        if self._boxed is None or self._version <= have:
+        if self._handle is None or self._version <= have:
             return None
-        return self._version, self._boxed
+        return self._version, self._handle
 
     def version(self) -> int:
         return self._version
