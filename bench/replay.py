@@ -1,39 +1,49 @@
 """Replay store throughput: RedisReplayStore put+claim+ack against raw redis-py writes.
 
     .venv/bin/python bench/replay.py [--quick] [--groups N] [--batch B] [--appendfsync P]
+                                     [--no-json]
 
 Starts its own redis-server (loopback, data in a temporary directory, append-only file on with
 the embedded default ``appendfsync always`` unless told otherwise) and drives, round after
 round, what producers and the learner do: put B realistic groups (16 rollouts x 8 turns x 256
 sampled tokens, plus a 256-token prompt and 64-token observations), claim B, ack, commit.
-It prints:
+Each round is paired with a round of raw redis-py pipelined SETs of the same B payloads
+(pre-encoded, on a client set up like the store's), so both see the same machine load: on a
+shared machine the raw rate alone swings 2x from minute to minute.
 
-- store groups/s (serialisation, Lua scripts and deserialisation included) for raw JSON and
-  zlib payloads, and the ratio to raw redis-py pipelined SETs of the same payload bytes;
+One line per payload encoding (the binary record of replay/codec.py; with zlib; and the JSON
+the store wrote before, for comparison) gives:
+
+- store groups/s (encoding, Lua scripts, reading back and decoding included) and raw
+  pipelined SET groups/s of the same bytes (writes only), and their ratio (goal: >= 0.5);
 - p50/p99 latency of claim(B), which is what the learner waits on between steps;
-- the JSON encode/decode cost per group, which is most of the gap to the raw writes.
+- the encode/decode cost per group, measured apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-import redis  # noqa: E402
-
+from replay import redis_store  # noqa: E402
 from replay.config import ReplayConfig  # noqa: E402
 from replay.redis_server import RedisServer  # noqa: E402
-from replay.redis_store import RedisReplayStore, decode_group, encode_group  # noqa: E402
+from replay.redis_store import RedisReplayStore, decode_group  # noqa: E402
 from rollout.trajectory import Group, Trajectory, Turn  # noqa: E402
 
 ROLLOUTS, TURNS, ACTION_TOKENS, OBS_TOKENS, PROMPT_TOKENS = 16, 8, 256, 64, 256
+Encoder = Callable[[Group, bool], tuple[bytes, int]]
 
 
 def realistic_group(group_id: str, rng: random.Random) -> Group:
@@ -63,53 +73,89 @@ def make_groups(n: int) -> list[Group]:
     return [bases[i % len(bases)].model_copy(update={"group_id": f"g{i}"}) for i in range(n)]
 
 
+def json_encode(group: Group, compress: bool) -> tuple[bytes, int]:
+    """The store's payload before the binary record: the group's JSON (readers still take it)."""
+    raw = group.model_dump_json().encode()
+    return (zlib.compress(raw, 1) if compress else raw), len(raw)
+
+
+ENCODINGS: dict[str, tuple[Encoder, bool]] = {
+    "binary": (redis_store.encode_group, False),
+    "binary+zlib": (redis_store.encode_group, True),
+    "json (old)": (json_encode, False),
+}
+
+
 def pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def bench_store(url: str, groups: list[Group], batch: int, compress: bool) -> dict[str, float]:
-    cfg = ReplayConfig(type="redis", url=url, compress=compress, eta=10**6,
-                       capacity_groups=4 * batch, capacity_bytes=2**34)
-    store = RedisReplayStore(cfg, batch, run_id=f"bench-{int(compress)}-{time.time_ns()}")
-    latencies: list[float] = []
+@dataclass
+class Totals:
+    store_s: float = 0.0
+    raw_s: float = 0.0
+    claim_s: list[float] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def store_encoding(encode: Encoder) -> Iterator[None]:
+    """Make the store write payloads with ``encode`` (the JSON comparison line only)."""
+    with mock.patch.object(redis_store, "encode_group", encode):
+        yield
+
+
+def raw_round(client, payloads: list[bytes], first: int) -> float:
+    """Seconds to SET ``payloads`` in one pipeline (writes only), then unlinked untimed."""
+    keys = [f"raw:{first + j}" for j in range(len(payloads))]
     start = time.perf_counter()
-    for i in range(0, len(groups), batch):
-        for group in groups[i:i + batch]:
-            assert store.put(group).accepted
-        t = time.perf_counter()
-        claim = store.claim(batch)
-        latencies.append(time.perf_counter() - t)
-        store.ack(claim.claim_id, new_version=0)
-        store.commit(0)  # a learner that checkpoints every step frees the payloads at once
+    pipe = client.pipeline(transaction=False)
+    for key, payload in zip(keys, payloads):
+        pipe.set(key, payload)
+    pipe.execute()
     elapsed = time.perf_counter() - start
+    client.unlink(*keys)  # the store frees its payloads at commit too
+    return elapsed
+
+
+def store_round(store: RedisReplayStore, groups: list[Group], totals: Totals) -> None:
+    """Producers put the batch; the learner claims, acknowledges and checkpoints it."""
+    start = time.perf_counter()
+    for group in groups:
+        assert store.put(group).accepted
+    t = time.perf_counter()
+    claim = store.claim(len(groups))
+    totals.claim_s.append(time.perf_counter() - t)
+    store.ack(claim.claim_id, new_version=0)
+    store.commit(0)  # a learner that checkpoints every step frees the payloads at once
+    totals.store_s += time.perf_counter() - start
+
+
+def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: bool) -> Totals:
+    """Alternate a raw round and a store round over the same batches."""
+    cfg = ReplayConfig(type="redis", url=url, compress=compress, eta=10**6,
+                       capacity_groups=4 * batch, capacity_bytes=2**40)
+    store = RedisReplayStore(cfg, batch, run_id=f"bench-{time.time_ns()}")
+    raw_client = redis_store.connect(url, cfg)  # the store's client settings, minus the store
+    payloads = [encode(g, compress)[0] for g in groups]
+    totals = Totals()
+    with store_encoding(encode):
+        for i in range(0, len(groups), batch):
+            totals.raw_s += raw_round(raw_client, payloads[i:i + batch], i)
+            store_round(store, groups[i:i + batch], totals)
     assert store.stats().trained == len(groups)
     store.delete_run()
     store.close()
-    return {"groups_s": len(groups) / elapsed, "p50_ms": pct(latencies, 0.5) * 1e3,
-            "p99_ms": pct(latencies, 0.99) * 1e3}
+    raw_client.close()
+    return totals
 
 
-def bench_raw(url: str, payloads: list[bytes], batch: int) -> float:
-    """groups/s of pipelined SETs of the same bytes, B per round trip (writes only)."""
-    client = redis.Redis.from_url(url)
-    start = time.perf_counter()
-    for i in range(0, len(payloads), batch):
-        pipe = client.pipeline(transaction=False)
-        for j, payload in enumerate(payloads[i:i + batch], start=i):
-            pipe.set(f"raw:{j}", payload)
-        pipe.execute()
-    elapsed = time.perf_counter() - start
-    for key in client.scan_iter(match="raw:*", count=500):
-        client.unlink(key)
-    client.close()
-    return len(payloads) / elapsed
-
-
-def codec_ms(group: Group, compress: bool, reps: int = 5) -> tuple[float, float]:
+def codec_ms(group: Group, encode: Encoder, compress: bool, reps: int = 10) -> tuple[float, float]:
+    payload, _ = encode(group, compress)
+    decode_group(payload)  # warm: field plans and struct layouts are built once
     t = time.perf_counter()
     for _ in range(reps):
-        payload, _n = encode_group(group, compress)
+        encode(group, compress)
     enc = (time.perf_counter() - t) / reps
     t = time.perf_counter()
     for _ in range(reps):
@@ -117,17 +163,16 @@ def codec_ms(group: Group, compress: bool, reps: int = 5) -> tuple[float, float]
     return enc * 1e3, (time.perf_counter() - t) / reps * 1e3
 
 
-def run(url: str, groups: list[Group], batch: int, compress: bool) -> str:
+def run(url: str, groups: list[Group], batch: int, name: str) -> str:
     """One line of results for one payload encoding."""
-    enc, dec = codec_ms(groups[0], compress)
-    raw = bench_raw(url, [encode_group(g, compress)[0] for g in groups], batch)
-    res = bench_store(url, groups, batch, compress)
-    codec_share = (enc + dec) * res["groups_s"] / 10  # ms/group * groups/s / 1000, in %
-    return (f"[{'zlib' if compress else 'json'}] store put+claim+ack {res['groups_s']:7.1f} "
-            f"groups/s | raw pipelined SET {raw:7.1f} groups/s | ratio {res['groups_s'] / raw:.2f}"
-            f" | claim({batch}) p50 {res['p50_ms']:.1f} ms p99 {res['p99_ms']:.1f} ms | "
-            f"encode {enc:.1f} ms decode {dec:.1f} ms per group (~{codec_share:.0f} % of the "
-            "store's time)")
+    encode, compress = ENCODINGS[name]
+    enc, dec = codec_ms(groups[0], encode, compress)
+    res = bench(url, groups, batch, encode, compress)
+    store, raw = len(groups) / res.store_s, len(groups) / res.raw_s
+    return (f"[{name}] store put+claim+ack {store:6.1f} groups/s | raw pipelined SET of the same "
+            f"bytes {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
+            f"{pct(res.claim_s, 0.5) * 1e3:.1f} ms p99 {pct(res.claim_s, 0.99) * 1e3:.1f} ms | "
+            f"encode {enc:.1f} ms decode {dec:.1f} ms per group")
 
 
 def main() -> None:
@@ -137,18 +182,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="groups per claim (B)")
     parser.add_argument("--appendfsync", choices=["always", "everysec", "no", "off"],
                         default="always", help="server AOF policy; 'off' disables the AOF")
+    parser.add_argument("--no-json", action="store_true", help="skip the old JSON encoding's line")
     args = parser.parse_args()
     n = args.groups or (32 if args.quick else 256)
     groups = make_groups(n)
-    raw_json = groups[0].model_dump_json().encode()
-    print(f"group: {ROLLOUTS} rollouts x {TURNS} turns x {ACTION_TOKENS} tokens; JSON "
-          f"{len(raw_json) / 2**20:.2f} MiB, zlib-1 {len(zlib.compress(raw_json, 1)) / 2**20:.2f} "
-          f"MiB; {n} groups, B={args.batch}, appendfsync={args.appendfsync}")
+    record = redis_store.encode_group(groups[0], False)[0]
+    print(f"group: {ROLLOUTS} rollouts x {TURNS} turns x {ACTION_TOKENS} tokens; record "
+          f"{len(record) / 2**20:.2f} MiB (zlib-1 {len(zlib.compress(record, 1)) / 2**20:.2f} MiB, "
+          f"old JSON {len(json_encode(groups[0], False)[0]) / 2**20:.2f} MiB); {n} groups, "
+          f"B={args.batch}, appendfsync={args.appendfsync}")
     aof = args.appendfsync != "off"
+    names = [name for name in ENCODINGS if not (args.no_json and name.startswith("json"))]
     with tempfile.TemporaryDirectory() as tmp, RedisServer(
             tmp, appendonly=aof, appendfsync=args.appendfsync if aof else "always") as server:
-        for compress in (False, True):
-            print(run(server.url, groups, args.batch, compress), flush=True)
+        for name in names:
+            print(run(server.url, groups, args.batch, name), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ from collections import OrderedDict
 
 from replay.admission import admission_capacity, is_stale, staleness
 from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
+from replay.codec import encoded_size
 from replay.config import ReplayConfig
 from rollout.trajectory import Group
 
 
 def group_nbytes(group: Group) -> int:
-    """Serialised size of a group in UTF-8 bytes, the unit of the byte capacity."""
-    return len(group.model_dump_json().encode())
+    """Size of a group's replay record (replay/codec.py), the unit of the byte capacity: the
+    Redis store holds exactly these bytes, and both backends must count alike."""
+    return encoded_size(group)
 
 
 class InProcessReplayStore(ReplayStore):

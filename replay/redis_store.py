@@ -4,9 +4,10 @@ Key layout, one run (``P`` = ``{key_prefix}:{<run_id>}:``, e.g. ``turnrl:{run-7}
 
     P ready      LIST   group ids ready to claim, oldest at the head
     P ready_ver  ZSET   ready group id -> oldest policy version (finds stale groups in O(log n))
-    P g:<id>     STRING a held group's JSON (zlib when compressed); held = ready + claimed
+    P g:<id>     STRING a held group's record (replay/codec.py; zlib when compressed); held =
+                        ready + claimed
     P gver       HASH   held group id -> oldest policy version (kept while claimed, for recover)
-    P gbytes     HASH   held group id -> JSON bytes (what capacity_bytes counts)
+    P gbytes     HASH   held group id -> record bytes, uncompressed (what capacity_bytes counts)
     P claims     HASH   claim id -> JSON list of its group ids, until acknowledged
     P acked      HASH   claim id -> JSON [version, group ids, group versions]: trained, payloads
                         kept until a checkpoint covers the version (commit)
@@ -61,6 +62,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from replay import codec
 from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
 from replay.config import ReplayConfig
 from replay.redis_scripts import KEY_NAMES, SCRIPTS
@@ -159,14 +161,16 @@ def _refuse_evicting_server(client: redis.Redis, url: str) -> None:
 
 
 def encode_group(group: Group, compress: bool) -> tuple[bytes, int]:
-    """(payload, JSON bytes): capacity counts JSON bytes whether or not it is compressed."""
-    raw = group.model_dump_json().encode()
-    return (zlib.compress(raw, 1) if compress else raw), len(raw)
+    """(payload, record bytes): capacity counts the uncompressed record (replay/codec.py)
+    whether or not it is compressed, so a capacity means the same either way."""
+    record = codec.encode_group(group)
+    return (zlib.compress(record, 1) if compress else record), len(record)
 
 
 def decode_group(payload: bytes) -> Group:
-    # JSON starts with '{' and a zlib stream never does, so readers need not share the setting.
-    return Group.model_validate_json(payload if payload[:1] == b"{" else zlib.decompress(payload))
+    # Binary, JSON (written before the binary format) and zlib are told apart by their first
+    # byte, so readers need not share the writer's ``compress`` setting or build.
+    return codec.decode_group(payload)
 
 
 def delete_run(client: redis.Redis, run_id: str, key_prefix: str = "turnrl") -> int:
@@ -271,7 +275,7 @@ class RedisReplayStore(ReplayStore):
         if any(p is None for p in payloads):
             raise RuntimeError(f"replay run {self.run_id!r}: claim {claim_id!r} lost payloads "
                                "(was the run deleted while training?)")
-        groups = [decode_group(p) for p in payloads]
+        groups = codec.decode_groups(payloads)
         return Claim(claim_id.decode(), groups, [int(age) for age in ages])
 
     def ack(self, claim_id: str, new_version: int) -> None:
