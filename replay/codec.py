@@ -8,8 +8,9 @@ which was most of the Redis store's time. A record here is::
 
 The body is the group's fields as msgpack maps keyed by field name (so a field added to the
 schema is carried without touching this module), except that every ``list[int]`` and
-``list[float]`` field of a model is one msgpack ext value holding a little-endian array:
-int32 when every id fits (an int64 fallback for any that do not), float64 for floats.
+``list[float]`` field of a model is one msgpack binary string: a type byte, then the values
+little-endian, int32 when every id fits (int64 when one does not, a plain msgpack list past
+that), float64 for floats. Which fields those are comes from the models' annotations.
 
 Log-probs stay float64 on purpose: they are Python floats (IEEE doubles) in the Trajectory,
 and a replay store must hand back exactly the group it was given (the in-process store does,
@@ -19,7 +20,8 @@ and change values that a resumed run or a JSONL dump compares against.
 
 Readers accept older records too: a payload starting with ``{`` is the JSON of the
 previous format (``Group.model_dump_json()``), and a zlib stream (first byte 0x78, which
-neither ``{`` nor the magic is) is decompressed and then read by the same rules.
+neither ``{`` nor the magic is) is decompressed and then read by the same rules. The format
+version byte lets a later layout be told apart; this build refuses any it does not know.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class _Field:
 
 @dataclass(frozen=True)
 class _Plan:
+    """A model class's fields, sorted by what the codec does with them (built once a class)."""
+
     fields: tuple[_Field, ...]
     packed: tuple[_Field, ...]
     """The fields encoding rewrites (numeric lists, lists of such models); the rest go to

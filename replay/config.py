@@ -23,7 +23,8 @@ class ReplayConfig(BaseModel):
     capacity_groups: int = Field(64, ge=1)
     """Most groups held (ready plus claimed but not yet acknowledged)."""
     capacity_bytes: int = Field(512 * 2**20, ge=1024)
-    """Most serialised bytes held."""
+    """Most bytes held, counted as each group's binary replay record (replay/codec.py,
+    uncompressed; about half its JSON size), the same in both backends."""
     on_full: Literal["wait", "error"] = "wait"
     """When full, producers wait (up to ``put_timeout_s``) or get an error at once."""
     put_timeout_s: float = Field(300.0, gt=0)
@@ -55,9 +56,10 @@ class ReplayConfig(BaseModel):
     that reply instead of running again. A server that cannot be reached at start-up still
     fails within ``connect_timeout_s``."""
     compress: bool = False
-    """Redis only: zlib-compress (level 1) group payloads. Halves Redis memory and network bytes
-    for token data but costs about twice the JSON encoding time; worth it on a remote Redis
-    over a slow link, not on the embedded loopback one (see docs/replay.md)."""
+    """Redis only: zlib-compress (level 1) group payloads. Saves only ~15 % on the binary
+    record of random token ids (packed numbers compress poorly) for 6-10x the encoding time;
+    worth it on a remote Redis over a slow link at most, not on the embedded loopback one
+    (see docs/replay.md)."""
     appendonly: bool = True
     """Embedded only: append-only file persistence, so held groups, claims and counters survive
     a redis-server crash. A remote server's persistence is its operator's setting."""

@@ -14,6 +14,7 @@ import pytest
 from redis_fixture import make_group, new_run_id, redis_server  # noqa: F401 (fixture)
 
 from replay.base import ReplayStore
+from replay.codec import encoded_size
 from replay.config import ReplayConfig
 
 MakeStore = Callable[..., ReplayStore]
@@ -44,8 +45,9 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
 
 
 def nbytes(group_id: str, **kw: object) -> int:
-    """What ``bytes`` and ``capacity_bytes`` count: the group's JSON, in UTF-8 bytes."""
-    return len(make_group(group_id, **kw).model_dump_json().encode())
+    """What ``bytes`` and ``capacity_bytes`` count: the length of the group's replay record
+    (replay/codec.py, uncompressed), which is what the Redis backend holds."""
+    return encoded_size(make_group(group_id, **kw))
 
 
 def ids(claim) -> list[str]:
@@ -262,10 +264,14 @@ def test_stats_counters_through_a_step(make_store: MakeStore) -> None:
     assert s.refused == {} and s.evicted == {}
 
 
-def test_bytes_are_utf8_bytes(make_store: MakeStore) -> None:
+def test_bytes_are_encoded_record_bytes(make_store: MakeStore) -> None:
+    # The rule changed from "the group's JSON in UTF-8" to "its binary record": Redis holds
+    # the record, and counting JSON would mean encoding every group a second time. Text is
+    # still counted in UTF-8 bytes: "é€" is 2 characters, 5 bytes, and a string under 32
+    # bytes has a 1-byte msgpack header either way, so each of make_group's 2 turns adds 5.
     store = make_store()
-    store.put(make_group("a", text="é€"))  # 2 characters, 5 bytes in UTF-8
-    assert store.stats().bytes == nbytes("a", text="é€")
+    store.put(make_group("a", text="é€"))
+    assert store.stats().bytes == nbytes("a", text="é€") == nbytes("a") + 2 * 5
 
 
 # -- live groups (unscheduled puts) -------------------------------------------------------
