@@ -112,11 +112,11 @@ def engine_config(kind: str, max_batch: int) -> Any:
 def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int, float]]:
     """Weight-update latency into one engine per transport: (transport, bytes, best seconds)."""
     import multiprocessing
-    import socket
     import tempfile
 
     import ray
 
+    from learner.deepspeed_setup import free_port
     from rollout.engines import local_client
     from rollout.engines.transport import (BroadcastWeights, FileWeightsWriter, InMemoryWeights,
                                            ObjectStoreWeights, plan_buckets)
@@ -145,10 +145,7 @@ def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int,
     writer = FileWeightsWriter(shm)
     out.append(("file (/dev/shm)", nbytes, min(timed_update(lambda v: writer.publish(v, state)) for _ in range(repeats))))
     layout = plan_buckets(state, bucket_bytes=64 << 20)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    init = {"host": "127.0.0.1", "port": port, "world_size": 2, "backend": "gloo", "rank": 1}
+    init = {"host": "127.0.0.1", "port": free_port(), "world_size": 2, "backend": "gloo", "rank": 1}
     sender = multiprocessing.get_context("spawn").Process(target=broadcast_sender, args=(init, state, layout, repeats))
     sender.start()
     asyncio.run(client.server.join_weight_group(init))

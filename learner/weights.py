@@ -8,11 +8,11 @@ newest (version, handle); engines ask for anything newer than what they serve.
 
 from __future__ import annotations
 
-import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
+from learner.deepspeed_setup import free_port
 from rollout.engines.transport import (BroadcastGroup, BroadcastWeights, FileWeightsWriter, ObjectStoreWeights,
                                        WeightHandle, plan_buckets)
 
@@ -49,7 +49,7 @@ class BroadcastPublisher:
         import torch
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.init = {"host": _node_ip(), "port": _free_port(), "world_size": 1 + engines,
+        self.init = {"host": _node_ip(), "port": free_port(""), "world_size": 1 + engines,
                      "backend": "nccl" if self.device == "cuda" else "gloo", "timeout_s": timeout_s}
         self.bucket_bytes = bucket_mib << 20
         self._group: BroadcastGroup | None = None
@@ -77,12 +77,6 @@ def _node_ip() -> str:
         return ray.util.get_node_ip_address()
     except Exception:  # noqa: BLE001 - outside Ray (tests, tools): this host
         return "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def make_publisher(cfg: Any, run_dir: str, engines: int) -> Any:

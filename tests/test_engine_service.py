@@ -20,7 +20,7 @@ from rollout.config import HFEngineConfig, VLLMEngineConfig
 from rollout.engines import local_client
 from rollout.engines.base import SamplingParams
 from rollout.engines.transport import BroadcastGroup, BroadcastWeights, FileWeightsWriter, InMemoryWeights, plan_buckets
-from tests.test_weight_transport import free_port
+from learner.deepspeed_setup import free_port
 
 # The tiny policy never emits end-of-turn after this prompt within 64 greedy tokens (checked in
 # test_greedy_stream_equals_generate), so every control action lands mid-generation.

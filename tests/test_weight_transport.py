@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import socket
 
 import pytest
 import torch
 
+from learner.deepspeed_setup import free_port
 from rollout.engines.transport import (BroadcastGroup, BroadcastWeights, FileWeightsWriter, ObjectStoreWeights,
                                        plan_buckets)
 
@@ -22,12 +22,6 @@ def _state() -> dict[str, torch.Tensor]:
     return {"model.embed_tokens.weight": embed, "model.norm.weight": torch.randn(4, generator=gen),
             "model.layers.0.mlp.up_proj.weight": torch.randn(8, 4, generator=gen).to(torch.bfloat16),
             "lm_head.weight": embed}  # tied: shares the embedding's storage
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_file_weights_round_trip_keeping_the_newest(tmp_path) -> None:

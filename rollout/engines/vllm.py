@@ -54,6 +54,16 @@ def _vllm_env(cfg: VLLMEngineConfig) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def _label_at(starts: list[tuple[str, int]], index: int) -> int:
+    """The version whose span holds output token ``index`` (vLLM's initial label, "default"
+    or "0", is version 0)."""
+    label = starts[0][0]
+    for version, first in starts:
+        if first <= index:
+            label = version
+    return int(label) if label.isdigit() else 0
+
+
 def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape of the Hugging Face checkpoint the engine was started from,
     read from the safetensors headers (no tensor is loaded)."""
@@ -181,7 +191,8 @@ class VLLMEngine(Engine):
                 self._stats["tokens"] += len(ids)
                 if reason is not None:
                     self._stats["aborted"] += reason == "abort"
-                    put(Chunk(rid, [], [], self._version_at(rid, max(done - 1, 0), o.weight_versions), reason))
+                    last = _label_at(self._version_starts(rid, o.weight_versions), max(done - 1, 0))
+                    put(Chunk(rid, [], [], last, reason))
                     break
             put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
@@ -192,27 +203,23 @@ class VLLMEngine(Engine):
                           final_spans: Any) -> list[Chunk]:
         """One chunk per weights version among these tokens (almost always one)."""
         chunks: list[Chunk] = []
+        starts = self._version_starts(rid, final_spans)
         for k, (tid, lp) in enumerate(zip(ids, lps)):
-            v = self._version_at(rid, start + k, final_spans)
+            v = _label_at(starts, start + k)
             if not chunks or chunks[-1].version != v:
                 chunks.append(Chunk(rid, [], [], v))
             chunks[-1].token_ids.append(tid)
             chunks[-1].logprobs.append(lp)
         return chunks
 
-    def _version_at(self, rid: str, index: int, final_spans: Any) -> int:
-        """The weights version that sampled output token ``index`` of ``rid``: vLLM labels each
-        output batch with the engine core's weights version (set at every load)."""
+    def _version_starts(self, rid: str, final_spans: Any) -> list[tuple[str, int]]:
+        """``(version label, first output token)`` of ``rid``: vLLM labels each output batch
+        with the engine core's weights version (set at every load); the final output carries
+        the spans, an open request's state holds them so far."""
         if final_spans:
-            starts = [(s.version, s.start) for s in final_spans]
-        else:
-            state = self._llm.output_processor.request_states.get(rid)
-            starts = getattr(state, "weight_version_starts", None) or [(str(self._version), 0)]
-        label = starts[0][0]
-        for version, first in starts:
-            if first <= index:
-                label = version
-        return int(label) if label.isdigit() else 0
+            return [(s.version, s.start) for s in final_spans]
+        state = self._llm.output_processor.request_states.get(rid)
+        return getattr(state, "weight_version_starts", None) or [(str(self._version), 0)]
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> Completion:
@@ -257,7 +264,7 @@ class VLLMEngine(Engine):
             pass
         assert out is not None and out.prompt_logprobs is not None
         lps = [entry[t].logprob for t, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
-        return self._version_at(rid, 0, out.outputs[0].weight_versions) if out.outputs else version, lps
+        return _label_at(self._version_starts(rid, out.outputs[0].weight_versions), 0) if out.outputs else version, lps
 
     async def abort(self, request_id: str) -> bool:
         if request_id not in self._open:
