@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import RunConfig
+from cluster.learner_group import LearnerGroup, start_learner
 
 _ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
 
@@ -50,21 +51,23 @@ def check_resources(cfg: RunConfig) -> None:
     if need > have + 1e-9:
         raise RuntimeError(
             f"the run needs {need:g} Ray CPUs (rollout.num_workers x rollout.num_cpus + "
-            "rollout.engine.count x rollout.engine.num_cpus + learner.num_cpus "
+            "rollout.engine.count x rollout.engine.num_cpus + learner.world_size x learner.num_cpus "
             f"+ cluster.reward_num_cpus + cluster.replay_num_cpus + rollout.env_actors.count x "
             f"rollout.env_actors.num_cpus + live.num_cpus when live.enabled) but the cluster has "
             f"{have:g}; lower them (fractions are fine) or add nodes"
         )
-    gpus = cfg.rollout.engine.count * cfg.rollout.engine.num_gpus
+    gpus = cfg.rollout.engine.count * cfg.rollout.engine.num_gpus + cfg.learner.world_size * cfg.learner.num_gpus
     if gpus > ray.cluster_resources().get("GPU", 0) + 1e-9:
-        raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus) "
-                           f"but the cluster has {ray.cluster_resources().get('GPU', 0):g}")
+        raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus + "
+                           f"learner.world_size x learner.num_gpus) but the cluster has "
+                           f"{ray.cluster_resources().get('GPU', 0):g}")
 
 
 def run_cpus(cfg: RunConfig) -> float:
     """Ray CPUs the run's core actors reserve (reward scorers and judges come on top)."""
     envs, eng = cfg.rollout.env_actors, cfg.rollout.engine
-    return (cfg.rollout.num_workers * cfg.rollout.num_cpus + eng.count * eng.num_cpus + cfg.learner.num_cpus
+    return (cfg.rollout.num_workers * cfg.rollout.num_cpus + eng.count * eng.num_cpus
+            + cfg.learner.world_size * cfg.learner.num_cpus
             + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus
             + (cfg.live.num_cpus if cfg.live.enabled else 0.0))
 
@@ -75,7 +78,7 @@ class RunActors:
     broker: Any
     reward: Any
     rollouts: list[Any]
-    learner: Any
+    learner: LearnerGroup
     envs: list[Any]
     engines: list[Any]
     engine_client: Any
@@ -83,8 +86,16 @@ class RunActors:
     live_url: str | None = None
 
     def all(self) -> list[Any]:
-        return [self.replay, self.broker, self.reward, *self.rollouts, self.learner, *self.envs, *self.engines,
-                *([self.gateway] if self.gateway is not None else [])]
+        return [self.replay, self.broker, self.reward, *self.rollouts, *self.learner.ranks, *self.envs,
+                *self.engines, *([self.gateway] if self.gateway is not None else [])]
+
+    def release(self) -> None:
+        """Kill every actor of the run and free the learner's placement group."""
+        import ray
+
+        for actor in self.all():
+            ray.kill(actor)
+        self.learner.release()
 
 
 def start_env_hosts(cfg: RunConfig) -> list[Any]:
@@ -154,28 +165,27 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
             i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
-    learner = learner_actor_class(Learner).options(num_cpus=cfg.learner.num_cpus).remote(
-        cfg.learner, str(policy_path), run_dir,
-        ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count),
-        group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature, resume=resume,
-        live_groups=live_groups)
+    ports = ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
+    learner = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
+        (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
+        {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,
+         "live_groups": live_groups, "dist": dist}))
     started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:
-        ray.get([learner.get_version.remote(), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
+        ray.get([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
                  *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]])
         if cfg.live.enabled:
             from cluster.live import start_gateway
 
             started.gateway, started.live_url = start_gateway(cfg, client, reward, replay, run_dir, run_id)
     except BaseException:
-        for actor in started.all():
-            ray.kill(actor)
+        started.release()
         raise
     # Best effort: Prometheus endpoints into <run_dir>/prometheus_targets.json; never raises.
     publish_metrics_targets([("replay", replay), ("reward", reward), *[("rollout", w) for w in rollouts],
-                             *[("engine", e) for e in engines], ("learner", learner),
+                             *[("engine", e) for e in engines], ("learner", learner.leader),
                              *([("gateway", started.gateway)] if started.gateway is not None else [])],
                             run_dir, run_id)
     return started

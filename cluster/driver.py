@@ -66,20 +66,26 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
     return run_dir, run_id
 
 
-def _watch(ref: Any, rollout_refs: list[Any]) -> Any:
-    """Wait for ``ref``; if a rollout actor's loop ends first, raise its error."""
+def _watch(refs: list[Any], rollout_refs: list[Any]) -> Any:
+    """Wait for ``refs`` (one call on every learner rank) and return the first's result; a
+    rank that fails raises at once (the others would wait for it in a collective), as does a
+    rollout actor's loop that ends first."""
     import ray
 
-    while True:
-        ready, _ = ray.wait([ref, *rollout_refs], num_returns=1)
-        if ready[0] == ref:
-            return ray.get(ref)
+    pending = list(refs)
+    while pending:
+        ready, _ = ray.wait([*pending, *rollout_refs], num_returns=1)
+        if ready[0] in pending:
+            ray.get(ready[0])
+            pending.remove(ready[0])
+            continue
         idx = rollout_refs.index(ready[0])
         try:
             ray.get(ready[0])
         except Exception as exc:
             raise RuntimeError(f"rollout worker {idx} failed: {exc}") from exc
         raise RuntimeError(f"rollout worker {idx} stopped producing unexpectedly")
+    return ray.get(refs[0])
 
 
 def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
@@ -126,7 +132,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             t0 = time.perf_counter()
             ray.get([w.collect.remote(per_worker) for w in actors.rollouts])
             gen_s = time.perf_counter() - t0
-        metrics = _watch(actors.learner.train_step.remote(), rollout_refs)
+        metrics = _watch(actors.learner.call("train_step"), rollout_refs)
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
         metrics |= _throughput(actors, last)
@@ -144,7 +150,7 @@ def _resume_replay(actors: Any, run_dir: Path, on_stage: Callable[[str], None]) 
 
     from learner.run_files import keep_steps_through
 
-    step, version = ray.get([actors.learner.get_step.remote(), actors.learner.get_version.remote()])
+    step, version = ray.get([actors.learner.leader.get_step.remote(), actors.learner.leader.get_version.remote()])
     requeued = ray.get(actors.replay.recover.remote(version))
     # No producer of this run is alive yet: reservations still counted are those of the dead.
     orphaned = ray.get(actors.replay.stats.remote()).running
@@ -158,7 +164,6 @@ def _resume_replay(actors: Any, run_dir: Path, on_stage: Callable[[str], None]) 
 def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool = False) -> RunResult:
     """Run a whole job (or continue a crashed one with ``resume``); returns where its outputs
     are. Actors never outlive the call."""
-    import ray
 
     from cluster.actors import init_ray, start_actors
     from envs.registry import make_task_source
@@ -183,8 +188,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
         _run_stages(cfg, actors, source.tasks("heldout")[: cfg.eval.num_tasks], result, on_stage)
     finally:
         _stop_gateway(actors)
-        for actor in actors.all():
-            ray.kill(actor)
+        actors.release()
         (run_dir / "live.json").unlink(missing_ok=True)  # the endpoint is gone with the run
     result.timings["total_s"] = time.time() - t_start
     (run_dir / "result.json").write_text(json.dumps(
@@ -226,7 +230,7 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
             w.stop.remote()
         # A step still waiting for a batch (the loop failed under it) would hold the
         # checkpoint queued behind it for learner.claim_timeout_s.
-        actors.learner.interrupt.options(concurrency_group="control").remote()
+        actors.learner.interrupt()
         result.timings["train_s"] = time.time() - t_train
         result.checkpoint = _final_checkpoint(actors, on_stage)
     if heldout and not result.interrupted:
@@ -251,10 +255,9 @@ def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: P
 
 def _final_checkpoint(actors: Any, on_stage: Callable[[str], None]) -> str | None:
     """Save a checkpoint if the learner is alive; never mask the error that stopped the run."""
-    import ray
 
     try:
-        path = ray.get(actors.learner.save_checkpoint.remote())
+        path = actors.learner.get("save_checkpoint")
     except Exception as exc:  # noqa: BLE001 - the learner itself may be what failed
         on_stage(f"no final checkpoint: the learner is unavailable ({type(exc).__name__}); "
                  "the last periodic checkpoint (learner.checkpoint_every) is in checkpoints/")

@@ -46,6 +46,25 @@ class TokenBatch:
             out[f.name] = val[start:stop, :cols]
         return TokenBatch(**out)
 
+    def to(self, device: torch.device) -> "TokenBatch":
+        """Every tensor on ``device``."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TokenBatch(**{k: None if v is None else v.to(device) for k, v in moved.items()})
+
+
+def rank_micro_batches(start: int, stop: int, rank: int, world: int, size: int) -> list[tuple[int, int] | None]:
+    """Rank ``rank``'s micro-batches of rows ``start:stop``: the rows split into ``world``
+    contiguous shares, each cut into micro-batches of at most ``size`` rows. Every rank gets
+    as many entries as the longest share has micro-batches (at least one), because under ZeRO
+    every forward and backward is a collective; a rank with fewer real micro-batches gets
+    None entries, which it runs as zero-weight steps."""
+    shares = np.array_split(np.arange(start, stop), world)
+    count = max(max(-(-len(s) // size) for s in shares), 1)
+    mine = shares[rank]
+    spans: list[tuple[int, int] | None] = [(int(mine[i]), int(mine[min(i + size, len(mine)) - 1]) + 1)
+                                          for i in range(0, len(mine), size)]
+    return spans + [None] * (count - len(spans))
+
 
 def _row_values(owner: list[int], values: np.ndarray, offset: int, fill: float) -> list[float]:
     """Per token: the value of the trained turn that owns it (``values[offset + turn]``), else

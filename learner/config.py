@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from learner.advantages.config import EstimatorConfig, GRPOConfig, LiveBaselineConfig
 from learner.losses.config import LossConfig, PPOLossConfig
@@ -126,6 +126,34 @@ class LearnerConfig(BaseModel):
     claim_timeout_s: float = Field(600.0, gt=0)
     """Longest the learner waits for a batch before the run fails."""
     num_cpus: float = Field(1.0, gt=0)
-    """Ray CPUs reserved for the learner."""
+    """Ray CPUs reserved per learner rank."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs reserved per learner rank (0 on CPU machines; 1 gives each rank a GPU of its
+    own; a fraction lets a single rank share a GPU with an engine)."""
+    world_size: int = Field(1, ge=1)
+    """Learner ranks (data parallel, one Ray actor each). Rank 0 alone claims, acknowledges,
+    publishes and commits; every rank trains on its share of each batch's rows, and DeepSpeed
+    averages their gradients, so the update is the one a single rank would take."""
+    placement: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy for the ranks' bundles (``num_cpus`` + ``num_gpus`` each):
+    PACK puts them on as few nodes as possible (gradient all-reduce over NVLink rather than
+    the network), STRICT_PACK insists on one node."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy, the reference model, batches and the log Z table live; ``auto`` is
+    ``cuda`` when the rank sees a GPU (``num_gpus`` > 0), else ``cpu``. The process group is
+    NCCL on ``cuda`` and gloo on ``cpu``."""
     torch_threads: int = Field(2, ge=1)
-    """Intra-op threads of the learner."""
+    """Intra-op threads of each learner rank."""
+
+    @model_validator(mode="after")
+    def _device_matches_gpus(self) -> "LearnerConfig":
+        if self.device == "cuda" and self.num_gpus == 0:
+            raise ValueError("learner.device=cuda but learner.num_gpus=0: Ray hides every GPU from an "
+                             "actor that reserves none; set learner.num_gpus=1")
+        if self.device == "cpu" and self.num_gpus > 0:
+            raise ValueError(f"learner.device=cpu would leave the learner.num_gpus={self.num_gpus:g} GPUs "
+                             "it reserves idle; set learner.num_gpus=0 or learner.device=auto")
+        if self.world_size > 1 and 0 < self.num_gpus < 1:
+            raise ValueError(f"learner.world_size={self.world_size} with learner.num_gpus={self.num_gpus:g}: "
+                             "NCCL ranks cannot share a GPU; give each rank a whole one (num_gpus=1)")
+        return self

@@ -1,13 +1,17 @@
-"""DeepSpeed bring-up for one learner process: distributed env, engine config, full weights.
+"""DeepSpeed bring-up for one learner rank: its device, the process group, the engine config,
+full weights.
 
-On CPU the backend is gloo; on GPU nccl. World size 1 per learner actor here; multi-rank
-learners set RANK/WORLD_SIZE from their placement group before calling ``init_engine``.
+A rank's device is ``cuda`` (NCCL process group) or ``cpu`` (gloo). A learner of one rank
+picks a free local port for its group; the ranks of a larger learner are told their rank and
+rank 0's address (``DistSpec``) by whoever placed them (``cluster/learner_group.py``).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,15 +26,50 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> None:
+@dataclass(frozen=True)
+class DistSpec:
+    """One rank's place in a multi-rank learner."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    """Rank 0's node address."""
+    master_port: int
+    """A port free on rank 0's node, for the process group's rendezvous."""
+
+
+def resolve_device(cfg: LearnerConfig) -> torch.device:
+    """``learner.device`` for this process: ``auto`` is cuda when a GPU is visible."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"learner.device=cuda but this learner rank sees no GPU (learner.num_gpus="
+                           f"{cfg.num_gpus:g}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", 0)  # Ray shows a rank only its own GPU
+    if torch.cuda.is_available():  # DeepSpeed picks its accelerator once, at import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device, dist: DistSpec | None = None) -> None:
+    """Join the learner's process group (alone on a free port when ``dist`` is None)."""
     import deepspeed
 
-    defaults = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-                "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    for key, val in defaults.items():
-        os.environ.setdefault(key, val)
+    if dist is None:
+        defaults = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                    "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+        for key, val in defaults.items():
+            os.environ.setdefault(key, val)
+    else:
+        os.environ.update({"MASTER_ADDR": dist.master_addr, "MASTER_PORT": str(dist.master_port),
+                           "RANK": str(dist.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(dist.world_size)})
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed("nccl" if torch.cuda.is_available() else "gloo")
+        deepspeed.init_distributed("nccl" if device.type == "cuda" else "gloo")
+
+
+def control_group(timeout_s: float) -> Any:
+    """A gloo group beside the training group for Python objects (a claimed batch, metrics):
+    it waits as long as rank 0 may wait for a batch, and works whatever the device."""
+    return torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def ds_config(cfg: LearnerConfig, micro_batches: int) -> dict[str, Any]:
@@ -45,23 +84,34 @@ def ds_config(cfg: LearnerConfig, micro_batches: int) -> dict[str, Any]:
     }
 
 
-def init_engine(model: torch.nn.Module, cfg: LearnerConfig, micro_batches: int):
-    """Wrap ``model`` with a DeepSpeed engine and a torch AdamW (no FusedAdam build on CPU)."""
+def init_engine(model: torch.nn.Module, cfg: LearnerConfig, micro_batches: int, device: torch.device,
+                dist: DistSpec | None = None):
+    """Wrap ``model`` with a DeepSpeed engine and a torch AdamW (no FusedAdam build on CPU);
+    DeepSpeed moves the model to ``device``."""
     import deepspeed
 
-    init_distributed()
+    init_distributed(device, dist)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                             lr=cfg.lr, weight_decay=cfg.weight_decay)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(cfg, micro_batches))
     return engine
 
 
-def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
-    """Complete fp32 CPU weights, gathering ZeRO-3 partitions when needed."""
+def full_state_dict(engine: Any, gather_to_all: bool = True) -> dict[str, torch.Tensor] | None:
+    """Complete fp32 CPU weights, gathering ZeRO-3 partitions when needed (a collective: every
+    rank calls it). With ``gather_to_all`` False only rank 0 gets them; other ranks get None."""
     module = engine.module
+    keep = gather_to_all or torch.distributed.get_rank() == 0
+
+    def copy() -> dict[str, torch.Tensor] | None:
+        return ({k: v.detach().to("cpu", torch.float32).clone() for k, v in module.state_dict().items()}
+                if keep else None)
+
     if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            return {k: v.detach().to("cpu", torch.float32).clone() for k, v in module.state_dict().items()}
-    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in module.state_dict().items()}
+            return copy()
+    return copy()

@@ -1,6 +1,7 @@
 """The learner's outlets: claim and acknowledge batches, publish weights.
 
-The learner worker stays plain Python; this adapter binds it to Ray actor handles.
+The learner worker stays plain Python; ``ActorLearnerPorts`` binds it to Ray actor handles,
+``LocalLearnerPorts`` to objects in its own process.
 """
 
 from __future__ import annotations
@@ -50,3 +51,24 @@ class ActorLearnerPorts:
             self._publisher = (ObjectStorePublisher() if self.weights is None
                                else make_publisher(self.weights, self.run_dir, self.engines))
         ray.get(self.broker.publish.remote(version, self._publisher.publish(version, state)))
+
+
+class LocalLearnerPorts:
+    """The learner's outlets in one process: a replay store object (``replay.base.ReplayStore``)
+    and the last published weights kept here (benches, tools and tests without Ray)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.published: tuple[int, Mapping[str, Any]] | None = None
+
+    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
+        return self.store.claim(n, live)
+
+    def ack(self, claim_id: str, version: int) -> None:
+        self.store.ack(claim_id, version)
+
+    def commit(self, version: int) -> None:
+        self.store.commit(version)
+
+    def publish(self, version: int, state: Mapping[str, Any]) -> None:
+        self.published = (version, state)

@@ -7,6 +7,13 @@ Exactly-once training across crashes: every step appends its group ids to
 on resume the log is cut back to the checkpoint's step, and the driver has the store deliver
 again what later steps trained (their update died with the learner).
 
+A learner of several ranks (``learner.world_size``) runs one worker per rank. Rank 0 alone
+talks to replay and the weight broker: it claims the batch and hands every rank the same
+trajectories over a gloo control group; each rank computes the (cheap, deterministic)
+advantages of the whole batch, trains on its contiguous share of each mini-batch's rows with
+shares of the *whole* mini-batch's tokens, and DeepSpeed averages the gradients: the update
+is the one a single rank takes. Rank 0 then publishes, acknowledges and commits.
+
 Plain Python; the driver wraps it with ``ray.remote``. Stages of ``train_step`` are timed
 (``wait``, ``advantages``, ``update``, ``publish``) and returned as metrics.
 """
@@ -27,13 +34,14 @@ import torch
 from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
-from learner.batching import TokenBatch, build_token_batch
+from learner.batching import TokenBatch, build_token_batch, rank_micro_batches
 from learner.config import LearnerConfig
-from learner.deepspeed_setup import full_state_dict, init_engine
+from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
 from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
 from learner.ports import LearnerPorts
 from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
+from replay.base import Claim
 from replay.client import wait_claim
 from rollout.trajectory import Trajectory
 
@@ -41,11 +49,15 @@ from rollout.trajectory import Trajectory
 class LearnerWorker:
     def __init__(self, cfg: LearnerConfig, model_path: str, run_dir: str, ports: LearnerPorts,
                  *, group_size: int, temperature: float, resume: bool = False,
-                 live_groups: int = 0) -> None:
+                 live_groups: int = 0, dist: DistSpec | None = None) -> None:
+        """``ports`` are used by rank 0 only; ``dist`` places this worker in a multi-rank
+        learner (None: the only rank)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.ports, self.temperature = cfg, ports, temperature
+        self.rank, self.world = (dist.rank, dist.world_size) if dist else (0, 1)
+        self.device = resolve_device(cfg)
         self.run_dir = Path(run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         state = self._resume_state() if resume else None
@@ -53,7 +65,7 @@ class LearnerWorker:
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32)
         self.ref = None
         if cfg.loss.type == "ppo" and cfg.loss.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
         self.live_groups = live_groups
         """Live groups (sessions, one trajectory each) in every claimed batch; the rest are
         scheduled groups of ``group_size``."""
@@ -63,10 +75,14 @@ class LearnerWorker:
         """Running baselines of the live estimator, per reward source (checkpointed)."""
         self._interrupted = threading.Event()
         self.micro_batches = math.ceil(self.rows / cfg.micro_batch_size)
-        self.engine = init_engine(model, cfg, self.micro_batches)
+        self.engine = init_engine(model, cfg, self.micro_batches, self.device, dist)
+        # Objects between ranks; it waits as long as rank 0 may wait for a batch.
+        self.control = control_group(cfg.claim_timeout_s + 120) if self.world > 1 else None
         # Trajectory balance's learned log Z: a table per task, in its own optimiser at its
         # own (much higher) learning rate, stepped with the policy.
         self.log_z = make_log_z(cfg.loss) if cfg.loss.type == "trajectory_balance" else None
+        if self.log_z is not None:
+            self.log_z.to(self.device)
         self.log_z_opt = (torch.optim.Adam(self.log_z.parameters(), lr=cfg.loss.log_z_lr)
                           if self.log_z is not None else None)
         self.task_codes: dict[str, int] = {}
@@ -78,13 +94,65 @@ class LearnerWorker:
         if state:
             self.engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
                                         load_module_only=False)
-            keep_steps_through(self.trained_log, self.step)  # later steps are trained again
+            if self.rank == 0:
+                keep_steps_through(self.trained_log, self.step)  # later steps are trained again
             self._load_log_z(state["ds_tag"])
-            self.ports.publish(self.version, full_state_dict(self.engine))
+            self._publish()
 
     # -- one step ------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
+        """One step on every rank (each rank's driver call runs this); rank 0's metrics
+        describe the step."""
         t0 = time.perf_counter()
+        claim, trajs = self._batch()
+        t1 = time.perf_counter()
+        metrics = self._update(trajs)
+        t2 = time.perf_counter()
+        self.version += 1
+        self.step += 1
+        self._publish()
+        if claim is not None:
+            self.ports.ack(claim.claim_id, self.version)
+            self._log_trained(claim.claim_id, [g.group_id for g in claim.groups])
+        t3 = time.perf_counter()
+        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint()
+        elif not self.cfg.checkpoint_every and self.rank == 0:
+            self.ports.commit(self.version)  # no checkpoint to resume from: nothing to retain
+        metrics |= batch_metrics(trajs, claim.staleness if claim else [])
+        metrics |= {"step": self.step, "version": self.version, "time/wait_s": t1 - t0,
+                    "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
+                    "time/step_s": time.perf_counter() - t0}
+        return metrics
+
+    def _batch(self) -> tuple[Claim | None, list[Trajectory]]:
+        """Rank 0 claims the batch; every other rank receives its trajectories, or its
+        failure to claim, which it raises too."""
+        if self.rank > 0:
+            got = self._from_rank0(None)
+            if isinstance(got, tuple):
+                kind, message = got
+                raise {"InterruptedError": InterruptedError, "TimeoutError": TimeoutError}.get(
+                    kind, RuntimeError)(f"learner rank 0: {message}")
+            return None, got
+        try:
+            claim = self._claim()
+        except Exception as exc:
+            self._from_rank0((type(exc).__name__, str(exc)))
+            raise
+        trajs = [t for g in claim.groups for t in g.trajectories]
+        self._from_rank0(trajs)
+        return claim, trajs
+
+    def _from_rank0(self, obj: Any) -> Any:
+        """``obj`` of rank 0, on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def _claim(self) -> Claim:
         live = (self.live_groups, self.live_groups) if self.live_groups else None
         claim = wait_claim(lambda n: self.ports.claim(n, live), self.cfg.batch_groups,
                            self.cfg.claim_timeout_s, should_stop=self._interrupted.is_set)
@@ -98,25 +166,14 @@ class LearnerWorker:
                    "endpoint, and are sessions ended or given feedback?) or " if self.live_groups else "")
                 + "rollout actors are not producing (see their errors above) or replay refuses "
                 "them; learner.claim_timeout_s sets the wait")
-        t1 = time.perf_counter()
-        trajs = [t for g in claim.groups for t in g.trajectories]
-        metrics = self._update(trajs)
-        t2 = time.perf_counter()
-        self.version += 1
-        self.step += 1
-        self.ports.publish(self.version, full_state_dict(self.engine))
-        self.ports.ack(claim.claim_id, self.version)
-        self._log_trained(claim.claim_id, [g.group_id for g in claim.groups])
-        t3 = time.perf_counter()
-        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-            self.save_checkpoint()
-        elif not self.cfg.checkpoint_every:
-            self.ports.commit(self.version)  # no checkpoint to resume from: nothing to retain
-        metrics |= batch_metrics(trajs, claim.staleness)
-        metrics |= {"step": self.step, "version": self.version, "time/wait_s": t1 - t0,
-                    "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
-                    "time/step_s": time.perf_counter() - t0}
-        return metrics
+        return claim
+
+    def _publish(self) -> None:
+        """The current weights to the broker (gathered on every rank under ZeRO-3, sent by
+        rank 0)."""
+        state = full_state_dict(self.engine, gather_to_all=False)
+        if self.rank == 0:
+            self.ports.publish(self.version, state)
 
     def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
         """Advantages and the turn mask. The estimator weighs and combines the sources stamped
@@ -202,15 +259,14 @@ class LearnerWorker:
             raise ValueError(f"learner.mini_batches={self.cfg.mini_batches} exceeds the batch's "
                              f"{n_rows} rows; lower it (at most one mini-batch per row)")
         task_ids, log_r = self._tb_rows(trajs, tb)
+        parts = [(int(p[0]), int(p[-1]) + 1) for p in np.array_split(np.arange(n_rows), self.cfg.mini_batches)]
         old = None
         if self.cfg.ppo_epochs * self.cfg.mini_batches > 1:
-            old = self._old_logprobs(tb)
+            old = self._old_logprobs(tb, parts)
         t2 = time.perf_counter()
         self.engine.train()
-        parts = np.array_split(np.arange(n_rows), self.cfg.mini_batches)
-        self.update_metrics = [
-            self._optimizer_step(tb, int(part[0]), int(part[-1]) + 1, old, task_ids, log_r)
-            for _ in range(self.cfg.ppo_epochs) for part in parts]
+        self.update_metrics = [self._optimizer_step(tb, start, stop, old, task_ids, log_r)
+                               for _ in range(self.cfg.ppo_epochs) for start, stop in parts]
         return {**_combine_updates(self.update_metrics),
                 "loss/updates": float(len(self.update_metrics)),
                 "adv/mean": float(res.advantages[mask].mean()) if mask.any() else 0.0,
@@ -219,48 +275,82 @@ class LearnerWorker:
                 "tokens/trained": tb.num_tokens,
                 "tokens/rows": float(n_rows), "tokens/row_width": float(tb.input_ids.size(1))}
 
-    def _old_logprobs(self, tb: TokenBatch) -> torch.Tensor:
-        """``[N, L-1]`` log-probs of every token under the weights before this batch's first
-        step (no grad, eval mode so dropout cannot make them noisy)."""
-        old = torch.zeros(tb.loss_mask.shape, dtype=torch.float32)
+    def _spans(self, start: int, stop: int) -> list[tuple[int, int] | None]:
+        """This rank's micro-batches of rows ``start:stop`` (None: a zero-weight step that
+        keeps the ranks' collectives in step)."""
+        return rank_micro_batches(start, stop, self.rank, self.world, self.cfg.micro_batch_size)
+
+    def _old_logprobs(self, tb: TokenBatch, parts: list[tuple[int, int]]) -> torch.Tensor:
+        """``[N, L-1]`` log-probs under the weights before this batch's first step, of the
+        rows this rank trains (no grad, eval mode so dropout cannot make them noisy)."""
+        old = torch.zeros(tb.loss_mask.shape, dtype=torch.float32, device=self.device)
         self.engine.eval()
         with torch.no_grad():
-            for a in range(0, tb.input_ids.size(0), self.cfg.micro_batch_size):
-                mb = tb.rows(a, a + self.cfg.micro_batch_size)
-                logp, _ = self._token_logprobs(mb)
-                old[a:a + mb.input_ids.size(0), :logp.size(1)] = logp
+            for start, stop in parts:
+                for span in self._spans(start, stop):
+                    a, b = span or (start, start + 1)
+                    logp, _ = self._token_logprobs(tb.rows(a, b).to(self.device))
+                    if span is not None:
+                        old[a:b, :logp.size(1)] = logp
         return old
 
     def _optimizer_step(self, tb: TokenBatch, start: int, stop: int, old: torch.Tensor | None,
                         task_ids: torch.Tensor | None, log_r: torch.Tensor | None) -> dict[str, float]:
-        """One optimizer step on rows ``start:stop``, accumulated over micro-batches."""
+        """One optimizer step on rows ``start:stop``, accumulated over this rank's
+        micro-batches of them. Every share is of the whole ``start:stop`` (all ranks)."""
         rows = stop - start
         tokens = max(float(tb.loss_mask[start:stop].sum()), 1.0)
         row_mean = self.cfg.loss.type != "ppo" or self.cfg.loss.agg != "token-mean"
         sums: dict[str, float] = {}
         # Windowed trajectories give more rows than trajectories, so the number of micro-batches
         # varies: the last one is marked as DeepSpeed's accumulation boundary by hand. backward()
-        # divides by the configured accumulation steps, which the factor below cancels.
-        starts = range(start, stop, self.cfg.micro_batch_size)
-        for i, a in enumerate(starts):
-            b = min(a + self.cfg.micro_batch_size, stop)
-            self.engine.set_gradient_accumulation_boundary(i == len(starts) - 1)
-            mb = tb.rows(a, b)
+        # divides by the configured accumulation steps and the all-reduce by the world size,
+        # which the factors below cancel.
+        spans = self._spans(start, stop)
+        for i, span in enumerate(spans):
+            a, b = span or (start, start + 1)
+            self.engine.set_gradient_accumulation_boundary(i == len(spans) - 1)
+            mb = tb.rows(a, b).to(self.device)
             mb_old = None if old is None else old[a:b, :mb.loss_mask.size(1)]
-            loss, m = self._micro_step(mb, None if task_ids is None else task_ids[a:b],
-                                       None if log_r is None else log_r[a:b], mb_old)
+            loss, m = self._micro_step(mb, _rows_on(task_ids, a, b, self.device),
+                                       _rows_on(log_r, a, b, self.device), mb_old)
             # losses that average rows weigh a micro-batch by its rows, token means by tokens
             share = mb.input_ids.size(0) / rows if row_mean else mb.num_tokens / tokens
-            self.engine.backward(loss * share * self.micro_batches)
-            for k, v in m.items():
+            share = share if span is not None else 0.0
+            self.engine.backward(loss * share * self.micro_batches * self.world)
+            for k, v in (m.items() if span is not None else ()):
                 sums[k] = _accumulate(k, sums.get(k), v, share)
         self.engine.step()
         if self.log_z_opt is not None:
+            self._average_log_z_grads()
             self.log_z_opt.step()
             self.log_z_opt.zero_grad()
+        sums = self._merge_ranks(sums)
         grad_norm = self.engine.get_global_grad_norm()
         sums["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         return sums
+
+    def _average_log_z_grads(self) -> None:
+        """log Z lives outside DeepSpeed: average its gradients over the ranks here."""
+        if self.world == 1:
+            return
+        for p in self.log_z.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= self.world
+
+    def _merge_ranks(self, sums: dict[str, float]) -> dict[str, float]:
+        """One optimizer step's metrics over every rank's micro-batches."""
+        if self.world == 1:
+            return sums
+        every: list[dict[str, float]] = [{} for _ in range(self.world)]
+        torch.distributed.all_gather_object(every, sums, group=self.control)
+        merged: dict[str, float] = {}
+        for part in every:
+            for k, v in part.items():
+                merged[k] = _accumulate(k, merged.get(k), v, 1.0) if k in merged else v
+        return merged
 
     def _tb_rows(self, trajs: list[Trajectory], tb: TokenBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Per row, for trajectory balance: its task's code in the log Z table and log R of
@@ -315,13 +405,18 @@ class LearnerWorker:
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self) -> str:
-        """HF weights + tokenizer under checkpoints/step_N, optimizer state under ds_checkpoint."""
+        """HF weights + tokenizer under checkpoints/step_N, optimizer state under ds_checkpoint
+        (every rank writes its own shards there; rank 0 the rest and the commit)."""
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        path.mkdir(parents=True, exist_ok=True)
-        self.engine.module.save_pretrained(path, state_dict=full_state_dict(self.engine))
-        self.tokenizer.save_pretrained(path)
         tag = f"step_{self.step:06d}"
+        weights = full_state_dict(self.engine, gather_to_all=False)
+        if self.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            self.engine.module.save_pretrained(path, state_dict=weights)
+            self.tokenizer.save_pretrained(path)
         self.engine.save_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=tag)
+        if self.rank > 0:
+            return str(path)
         if self.log_z is not None:
             torch.save({"table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(),
                         "task_codes": self.task_codes}, self._log_z_path(tag))
@@ -340,7 +435,7 @@ class LearnerWorker:
     def _load_log_z(self, tag: str) -> None:
         if self.log_z is None:
             return
-        saved = torch.load(self._log_z_path(tag))
+        saved = torch.load(self._log_z_path(tag), map_location=self.device)
         self.log_z.load_state_dict(saved["table"])
         self.log_z_opt.load_state_dict(saved["opt"])
         self.task_codes = dict(saved["task_codes"])
@@ -365,6 +460,10 @@ class LearnerWorker:
 
     def get_step(self) -> int:
         return self.step
+
+
+def _rows_on(values: torch.Tensor | None, start: int, stop: int, device: torch.device) -> torch.Tensor | None:
+    return None if values is None else values[start:stop].to(device)
 
 
 def _accumulate(key: str, prev: float | None, value: float, share: float) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineGroupConfig(BaseModel):
@@ -73,8 +73,10 @@ class VLLMEngineConfig(EngineGroupConfig):
     every turn). Blocks are keyed by weights version, so a new request never reuses KV that
     older weights computed."""
     tensor_parallel_size: int = Field(1, ge=1)
-    """GPUs one engine shards its model over (vLLM tensor parallelism); ``num_gpus`` must be
-    at least this."""
+    """GPUs one engine shards its model over (vLLM tensor parallelism); on GPUs ``num_gpus``
+    must be at least this. The shards run as processes of the engine actor (vLLM's
+    multiprocessing executor), so Ray places all of them on the one node that holds the
+    actor's GPUs: an engine's tensor-parallel workers are packed by construction."""
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     """Share of each GPU's memory vLLM may take (weights + KV cache); leave room for the
     learner when both share a GPU."""
@@ -83,6 +85,14 @@ class VLLMEngineConfig(EngineGroupConfig):
     enforce_eager: bool = True
     """Run the model eagerly (no CUDA graphs / torch.compile): starts in seconds; turn off on
     GPUs for faster decoding at the cost of a slower start."""
+
+    @model_validator(mode="after")
+    def _gpus_hold_every_shard(self) -> "VLLMEngineConfig":
+        if 0 < self.num_gpus < self.tensor_parallel_size:
+            raise ValueError(f"rollout.engine.tensor_parallel_size={self.tensor_parallel_size} shards the "
+                             f"model over that many GPUs but rollout.engine.num_gpus={self.num_gpus:g}; set "
+                             f"num_gpus={self.tensor_parallel_size}")
+        return self
 
 
 EngineConfig = Annotated[HFEngineConfig | VLLMEngineConfig, Field(discriminator="type")]

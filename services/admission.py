@@ -155,10 +155,13 @@ def demand(cfg: RunConfig) -> dict[str, float]:
     scorers = sc.num_scorers if rc.ig is not None or (rc.prm is not None and rc.prm.type == "model") else 0
     judges = rc.prm.num_workers if rc.prm is not None and rc.prm.type == "judge" else 0
     cpus = run_cpus(cfg) + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus
-    # replay, weight broker, reward service and learner, plus the pools, engines and gateway
-    actors = 4 + ro.num_workers + ro.env_actors.count + scorers + judges + ro.engine.count + cfg.live.enabled
+    # replay, weight broker and reward service, plus the learner's ranks, the pools, engines
+    # and gateway
+    actors = (3 + cfg.learner.world_size + ro.num_workers + ro.env_actors.count + scorers + judges
+              + ro.engine.count + cfg.live.enabled)
     per_engine = ro.engine.num_gpus if ro.engine.device == "cpu" else max(ro.engine.num_gpus, 1.0)
-    return {"actors": actors, "cpus": cpus, "gpus": ro.engine.count * per_engine}
+    return {"actors": actors, "cpus": cpus,
+            "gpus": ro.engine.count * per_engine + cfg.learner.world_size * cfg.learner.num_gpus}
 
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
@@ -168,10 +171,10 @@ def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[
         errors.append(("train.steps", f"{cfg.train.steps} steps exceed limits.max_steps={limits.max_steps}"))
     need = demand(cfg)
     what = {"actors": ("max_actors", "rollout.num_workers + rollout.engine.count + rollout.env_actors.count + "
-                                     "reward scorers/judges + live gateway + 4"),
+                                     "reward scorers/judges + live gateway + learner.world_size + 3"),
             "cpus": ("max_cpus", "the num_cpus of every actor"),
             "gpus": ("max_gpus", "rollout.engine.count x rollout.engine.num_gpus, at least 1 each when "
-                                 "rollout.engine.device is not cpu")}
+                                 "rollout.engine.device is not cpu, + learner.world_size x learner.num_gpus")}
     for key, (limit, how) in what.items():
         allowed = getattr(limits, limit)
         if need[key] > allowed + 1e-9:

@@ -112,3 +112,23 @@ def test_live_groups_per_batch(source: str, fraction: float, live: int) -> None:
     cfg = load_config(None, [f"train.source={source}", f"train.live_fraction={fraction}", "live.enabled=true",
                              "learner.batch_groups=4"])
     assert cfg.train.live_groups(cfg.learner.batch_groups) == live
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["learner.device=cuda"], r"learner\.device=cuda but learner\.num_gpus=0.*learner\.num_gpus=1"),
+    (["learner.device=cpu", "learner.num_gpus=1"], r"learner\.device=cpu .*learner\.num_gpus=1 .*idle"),
+    (["learner.world_size=2", "learner.num_gpus=0.5"], r"learner\.world_size=2 .*cannot share a GPU"),
+    (["learner.world_size=0"], r"learner\.world_size: .*greater than or equal to 1"),
+    (["learner.placement=ANYWHERE"], r"learner\.placement: .*PACK"),
+    (["rollout.engine={type: vllm, tensor_parallel_size: 2, num_gpus: 1}"],
+     r"tensor_parallel_size=2 .*num_gpus=1; set num_gpus=2"),
+])
+def test_gpu_placement_keys_are_checked_and_named(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_gpu_learner_and_ranks_load() -> None:
+    cfg = load_config(None, ["learner.world_size=4", "learner.num_gpus=1", "learner.placement=STRICT_PACK",
+                             "learner.dtype=bfloat16", "learner.zero_stage=3"])
+    assert (cfg.learner.world_size, cfg.learner.num_gpus, cfg.learner.device) == (4, 1.0, "auto")

@@ -193,16 +193,23 @@ def test_limits_name_the_limit(service: Service) -> None:
     assert demand(build_config(at_limit)) == {"actors": 4 + 3 + 1 + 4, "cpus": pytest.approx(4.0), "gpus": 0}
     errors = refused(service, at_limit)
     assert errors == {"<root>": "the run asks for 12 actors (rollout.num_workers + rollout.engine.count + "
-                                "rollout.env_actors.count + reward scorers/judges + live gateway + 4); "
+                                "rollout.env_actors.count + reward scorers/judges + live gateway + "
+                                "learner.world_size + 3); "
                                 "limits.max_actors=8 for tenant 'alice'"}
     # 0.1 + 0.4 (engine) + 2.5 + 0.25 + 0.25 = 3.5
     assert admitted(service, {"learner": {"num_cpus": 2.5}})["learner"]["num_cpus"] == 2.5
     errors = refused(service, {"learner": {"num_cpus": 3.5}})  # ... 4.5 is not
     assert errors == {"<root>": "the run asks for 4.5 cpus (the num_cpus of every actor); limits.max_cpus=4 "
                                 "for tenant 'alice'"}
+    gpu_limit = ("(rollout.engine.count x rollout.engine.num_gpus, at least 1 each when rollout.engine.device "
+                 "is not cpu, + learner.world_size x learner.num_gpus); limits.max_gpus=0 for tenant 'alice'")
     errors = refused(service, {"rollout": {"engine": {"device": "cuda"}}})
-    assert errors == {"<root>": "the run asks for 1 gpus (rollout.engine.count x rollout.engine.num_gpus, at least "
-                                "1 each when rollout.engine.device is not cpu); limits.max_gpus=0 for tenant 'alice'"}
+    assert errors == {"<root>": f"the run asks for 1 gpus {gpu_limit}"}
+    # every rank of a GPU learner counts, as do its ranks among the actors
+    two_gpu_ranks = {"learner": {"world_size": 2, "num_gpus": 1, "num_cpus": 0.5}}
+    assert demand(build_config(two_gpu_ranks))["gpus"] == 2
+    assert demand(build_config(two_gpu_ranks))["actors"] == demand(build_config({}))["actors"] + 1
+    assert refused(service, two_gpu_ranks) == {"<root>": f"the run asks for 2 gpus {gpu_limit}"}
 
 
 def test_concurrent_runs_over_the_limit_get_429(service: Service) -> None:

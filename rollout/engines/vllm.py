@@ -123,6 +123,9 @@ class VLLMEngine(Engine):
             model=self.model_path, dtype=cfg.dtype, seed=self.seed, max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
             tensor_parallel_size=cfg.tensor_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
+            # shards as processes of this actor, on its node and its GPUs (never a Ray executor
+            # that would place them elsewhere)
+            distributed_executor_backend="mp" if cfg.tensor_parallel_size > 1 else None,
             enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", skip_tokenizer_init=True,
             worker_extension_cls="rollout.engines.vllm_worker.TurnRLWorkerExtension", disable_log_stats=True)
         llm = AsyncLLM.from_engine_args(args)
