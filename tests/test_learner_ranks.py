@@ -69,16 +69,18 @@ def _rank_main(rank: int, world: int, port: int, policy: str, run_dir: str, cfg_
                 "published": None if ports is None else ports.published[0]}, out)
 
 
-def _train(policy: str, tmp_path, world: int, **learner) -> list[dict]:
-    """One step of a ``world``-rank learner, one process per rank; each rank's record."""
-    cfg = LearnerConfig(batch_groups=2, lr=1e-2, **learner)
-    run_dir = tmp_path / f"world{world}"
-    run_dir.mkdir()
+def _train(policy: str, tmp_path, *worlds: int, **learner) -> list[list[dict]]:
+    """One step of a learner of each size in ``worlds``, all started at once (they share the
+    cores while importing), one process per rank; per learner, each rank's record."""
+    cfg = LearnerConfig(batch_groups=2, lr=1e-2, **learner).model_dump_json()
     ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    outs = [str(run_dir / f"rank{r}.pt") for r in range(world)]
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, policy, str(run_dir), cfg.model_dump_json(),
-                                                  outs[r])) for r in range(world)]
+    procs, outs = [], []
+    for world in worlds:
+        run_dir, port = tmp_path / f"world{world}", free_port()
+        run_dir.mkdir()
+        outs.append([str(run_dir / f"rank{r}.pt") for r in range(world)])
+        procs += [ctx.Process(target=_rank_main, args=(r, world, port, policy, str(run_dir), cfg, outs[-1][r]))
+                  for r in range(world)]
     env = {"DS_BUILD_OPS": "0", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -92,8 +94,8 @@ def _train(policy: str, tmp_path, world: int, **learner) -> list[dict]:
             p.kill() if p.is_alive() else None
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    assert [p.exitcode for p in procs] == [0] * world, "a learner rank failed (its error is above)"
-    return [torch.load(o, weights_only=False) for o in outs]
+    assert [p.exitcode for p in procs] == [0] * len(procs), "a learner rank failed (its error is above)"
+    return [[torch.load(o, weights_only=False) for o in ranks] for ranks in outs]
 
 
 def test_two_gloo_ranks_take_the_one_rank_update(tiny_policy, tmp_path) -> None:
@@ -101,8 +103,7 @@ def test_two_gloo_ranks_take_the_one_rank_update(tiny_policy, tmp_path) -> None:
     # coordinate. 8 rows in micro-batches of 3: one rank runs (3, 3, 2), each of two ranks
     # (3, 1) of its 4, and every share is of the whole batch's tokens.
     policy = tiny_policy[0]
-    (one,) = _train(policy, tmp_path, 1, micro_batch_size=3, zero_stage=0)
-    two = _train(policy, tmp_path, 2, micro_batch_size=3, zero_stage=0)
+    (one,), two = _train(policy, tmp_path, 1, 2, micro_batch_size=3, zero_stage=0)
     assert one["metrics"]["tokens/rows"] == 8 == two[0]["metrics"]["tokens/rows"]
     ref = one["grads"][0]
     scale = max(float(g.abs().max()) for g in ref)
@@ -131,8 +132,7 @@ def test_zero_ranks_with_mini_batches_match_one_rank(tiny_policy, tmp_path, zero
     # with 3 mini-batches of (3, 3, 2) rows: ranks get (2, 1) rows of a part, so rank 1 runs a
     # zero-weight micro-step to keep ZeRO 3's per-forward parameter gathers in step.
     learner = {"micro_batch_size": micro_batch_size, "zero_stage": zero_stage, "mini_batches": mini_batches}
-    (one,) = _train(tiny_policy[0], tmp_path, 1, **learner)
-    two = _train(tiny_policy[0], tmp_path, 2, **learner)
+    (one,), two = _train(tiny_policy[0], tmp_path, 1, 2, **learner)
     assert len(one["updates"]) == len(two[0]["updates"]) == mini_batches
     for mine, ref in zip(two[0]["updates"], one["updates"], strict=True):
         for key in ("loss", "grad_norm", "ratio_min", "ratio_max", "clip_frac"):
@@ -144,8 +144,8 @@ def test_zero_ranks_with_mini_batches_match_one_rank(tiny_policy, tmp_path, zero
 def test_log_z_is_averaged_across_ranks(tiny_policy, tmp_path) -> None:
     # Trajectory balance's log Z table lives outside DeepSpeed: its gradients are all-reduced
     # by the learner, so every rank's table moves, and moves identically.
-    two = _train(tiny_policy[0], tmp_path, 2, micro_batch_size=4, zero_stage=1,
-                 loss={"type": "trajectory_balance", "log_z": "learned"})
+    (two,) = _train(tiny_policy[0], tmp_path, 2, micro_batch_size=4, zero_stage=1,
+                    loss={"type": "trajectory_balance", "log_z": "learned"})
     a, b = (r["log_z"] for r in two)
     for k in a:
         assert torch.equal(a[k], b[k])
@@ -179,8 +179,8 @@ def test_driver_trains_with_two_learner_ranks(tiny_run_config, tiny_policy, ray_
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_bf16_zero_learner_on_cuda(tiny_policy, tmp_path, zero_stage) -> None:
     # The device path: batches, old log-probs and the model on cuda:0, NCCL, bf16 under ZeRO.
-    (rank,) = _train(tiny_policy[0], tmp_path, 1, micro_batch_size=3, zero_stage=zero_stage, mini_batches=2,
-                     device="cuda", num_gpus=1, dtype="bfloat16")
+    ((rank,),) = _train(tiny_policy[0], tmp_path, 1, micro_batch_size=3, zero_stage=zero_stage, mini_batches=2,
+                        device="cuda", num_gpus=1, dtype="bfloat16")
     assert len(rank["updates"]) == 2
     assert all(torch.isfinite(torch.tensor(u["loss"])) for u in rank["updates"])
     from safetensors.torch import load_file
@@ -194,6 +194,5 @@ def test_bf16_zero_learner_on_cuda(tiny_policy, tmp_path, zero_stage) -> None:
                     reason="two NCCL learner ranks need two CUDA devices")
 def test_two_nccl_ranks_take_the_one_rank_update(tiny_policy, tmp_path) -> None:
     learner = {"micro_batch_size": 2, "zero_stage": 2, "device": "cuda", "num_gpus": 1}
-    (one,) = _train(tiny_policy[0], tmp_path, 1, **learner)
-    two = _train(tiny_policy[0], tmp_path, 2, **learner)
+    (one,), two = _train(tiny_policy[0], tmp_path, 1, 2, **learner)
     assert two[0]["updates"][0]["grad_norm"] == pytest.approx(one["updates"][0]["grad_norm"], rel=1e-3)
