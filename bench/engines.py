@@ -140,7 +140,7 @@ def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int,
         return time.perf_counter() - t0
 
     out = [("memory", nbytes, min(timed_update(lambda v: InMemoryWeights(state)) for _ in range(repeats))),
-           ("ray object store", nbytes, min(timed_update(lambda v: ObjectStoreWeights([ray.put(state)]))
+           ("ray object store", nbytes, min(timed_update(lambda v: ObjectStoreWeights.put(state))
                                           for _ in range(repeats)))]
     writer = FileWeightsWriter(shm)
     out.append(("file (/dev/shm)", nbytes, min(timed_update(lambda v: writer.publish(v, state)) for _ in range(repeats))))

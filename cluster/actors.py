@@ -7,10 +7,12 @@ Every worker class is plain Python; this module is the one place that wraps them
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cluster.config import RunConfig
@@ -56,11 +58,31 @@ def check_resources(cfg: RunConfig) -> None:
             f"rollout.env_actors.num_cpus + live.num_cpus when live.enabled) but the cluster has "
             f"{have:g}; lower them (fractions are fine) or add nodes"
         )
+    for name, (need_r, keys) in custom_resources(cfg).items():
+        if need_r > ray.cluster_resources().get(name, 0) + 1e-9:
+            raise RuntimeError(f"the run reserves {need_r:g} of the custom resource {name!r} ({', '.join(keys)}) but "
+                               f"the cluster's nodes advertise {ray.cluster_resources().get(name, 0):g}; start "
+                               f"nodes with `ray start --resources '{{\"{name}\": N}}'` or change those keys")
     gpus = cfg.rollout.engine.count * cfg.rollout.engine.num_gpus + cfg.learner.world_size * cfg.learner.num_gpus
     if gpus > ray.cluster_resources().get("GPU", 0) + 1e-9:
         raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus + "
                            f"learner.world_size x learner.num_gpus) but the cluster has "
                            f"{ray.cluster_resources().get('GPU', 0):g}")
+
+
+def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:
+    """Custom Ray resource -> (total the run's actors reserve, the config keys asking)."""
+    ro = cfg.rollout
+    groups = [("rollout.resources", ro.num_workers, ro.resources),
+              ("rollout.engine.resources", ro.engine.count, ro.engine.resources),
+              ("rollout.env_actors.resources", ro.env_actors.count, ro.env_actors.resources),
+              ("learner.resources", cfg.learner.world_size, cfg.learner.resources)]
+    out: dict[str, tuple[float, list[str]]] = {}
+    for key, count, resources in groups:
+        for name, amount in resources.items():
+            total, keys = out.get(name, (0.0, []))
+            out[name] = (total + count * amount, [*keys, key] if count else keys)
+    return out
 
 
 def run_cpus(cfg: RunConfig) -> float:
@@ -105,7 +127,8 @@ def start_env_hosts(cfg: RunConfig) -> list[Any]:
     from envs.host import EnvHost
 
     spec = cfg.rollout.env_actors
-    host = ray.remote(EnvHost).options(num_cpus=spec.num_cpus, max_concurrency=spec.max_concurrency,
+    host = ray.remote(EnvHost).options(num_cpus=spec.num_cpus, resources=spec.resources,
+                                       max_concurrency=spec.max_concurrency,
                                        max_restarts=spec.max_restarts, max_task_retries=0)
     return [host.remote(cfg.env) for _ in range(spec.count)]
 
@@ -120,7 +143,7 @@ def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) ->
 
     eng = cfg.rollout.engine
     actor = ray.remote(instrument(EngineServer, "engine")).options(
-        num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, max_concurrency=eng.max_concurrency)
+        num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources, max_concurrency=eng.max_concurrency)
     return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker), i + 1)
             for i in range(eng.count)]
 
@@ -161,7 +184,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     envs = start_env_hosts(cfg)
     env_ports = [ActorEnvPort(h) for h in envs] or None
     rollouts = [
-        ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, max_concurrency=256).remote(
+        ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, resources=cfg.rollout.resources,
+                                    max_concurrency=256).remote(
             i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
@@ -183,9 +207,30 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     except BaseException:
         started.release()
         raise
+    record_placement(started, run_dir)
     # Best effort: Prometheus endpoints into <run_dir>/prometheus_targets.json; never raises.
     publish_metrics_targets([("replay", replay), ("reward", reward), *[("rollout", w) for w in rollouts],
                              *[("engine", e) for e in engines], ("learner", learner.leader),
                              *([("gateway", started.gateway)] if started.gateway is not None else [])],
                             run_dir, run_id)
     return started
+
+
+def record_placement(actors: RunActors, run_dir: str) -> dict[str, list[dict[str, str]]]:
+    """``<run_dir>/placement.json``: the node (id and address) each of the run's actors runs
+    on, by role, so an operator (and the multi-node test) sees where resources put them."""
+    import ray
+
+    roles = {"replay": [actors.replay], "reward": [actors.reward], "rollout": actors.rollouts,
+             "engine": actors.engines, "env": actors.envs, "learner": actors.learner.ranks}
+    refs = {role: [a.__ray_call__.remote(_node_of) for a in handles] for role, handles in roles.items()}
+    placement = {role: ray.get(r) for role, r in refs.items()}
+    Path(run_dir, "placement.json").write_text(json.dumps(placement, indent=2))
+    return placement
+
+
+def _node_of(_actor: Any) -> dict[str, str]:
+    """Run inside an actor (``__ray_call__``): the node it is on."""
+    import ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address()}

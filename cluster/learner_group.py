@@ -61,11 +61,11 @@ def start_learner(cfg: LearnerConfig, actor_cls: Any, make: Callable[[DistSpec |
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    resources = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus}
+    resources = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": cfg.resources}
     if cfg.world_size == 1:
         args, kwargs = make(None)
         return LearnerGroup([actor_cls.options(**resources).remote(*args, **kwargs)])
-    bundle = {"CPU": cfg.num_cpus, **({"GPU": cfg.num_gpus} if cfg.num_gpus else {})}
+    bundle = {"CPU": cfg.num_cpus, **({"GPU": cfg.num_gpus} if cfg.num_gpus else {}), **cfg.resources}
     pg = ray.util.placement_group([dict(bundle) for _ in range(cfg.world_size)], strategy=cfg.placement)
     ready, _ = ray.wait([pg.ready()], timeout=_PLACEMENT_WAIT_S)
     if not ready:

@@ -130,6 +130,9 @@ class LearnerConfig(BaseModel):
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs reserved per learner rank (0 on CPU machines; 1 gives each rank a GPU of its
     own; a fraction lets a single rank share a GPU with an engine)."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each learner rank reserves (in its placement bundle), e.g.
+    ``{trainer_node: 1}`` to keep the ranks on nodes that advertise it."""
     world_size: int = Field(1, ge=1)
     """Learner ranks (data parallel, one Ray actor each). Rank 0 alone claims, acknowledges,
     publishes and commits; every rank trains on its share of each batch's rows, and DeepSpeed

@@ -21,9 +21,7 @@ class ObjectStorePublisher:
     """State dicts into Ray's object store."""
 
     def publish(self, version: int, state: Mapping[str, Any]) -> WeightHandle:
-        import ray
-
-        return ObjectStoreWeights([ray.put(dict(state))])
+        return ObjectStoreWeights.put(state)
 
 
 class FilePublisher:

@@ -22,6 +22,9 @@ class EngineGroupConfig(BaseModel):
     """Ray CPUs reserved per engine actor."""
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs reserved per engine actor (0 on CPU machines)."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each engine actor reserves, e.g. ``{gpu_node: 1}``: engines start
+    only on nodes that advertise them (``ray start --resources``)."""
     torch_threads: int = Field(1, ge=1)
     """Intra-op threads per engine actor."""
     max_concurrency: int = Field(1024, ge=1)
@@ -127,6 +130,9 @@ class EnvActorsConfig(BaseModel):
     do not stall generation or get duplicated per rollout actor."""
     num_cpus: float = Field(0.25, gt=0)
     """Ray CPUs reserved per environment actor."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each environment actor reserves (pins them to nodes that
+    advertise them)."""
     max_concurrency: int = Field(256, ge=1)
     """Episodes one environment actor serves at once."""
     max_restarts: int = Field(3, ge=0)
@@ -140,6 +146,9 @@ class RolloutConfig(BaseModel):
 
     num_workers: int = Field(1, ge=1)
     """Rollout actors."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each rollout actor reserves, e.g. ``{rollout_node: 1}``: rollout
+    actors start only on nodes started with that resource (``ray start --resources``)."""
     group_size: int = Field(8, ge=1)
     """G: rollouts per task, normalised together."""
     groups_in_flight: int = Field(4, ge=1)

@@ -263,7 +263,7 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
     puts = ray.get([reward.submit.remote(g1), reward.submit.remote(g2)])
     assert [p.status for p in puts] == ["accepted", "accepted"]
     v1 = perturbed_state(policy.model, 3)
-    ray.get(broker.publish.remote(1, ObjectStoreWeights([ray.put(v1)])))
+    ray.get(broker.publish.remote(1, ObjectStoreWeights.put(v1)))
     g3 = group_of("g3", episode(policy, 6, True, version=1))
     assert ray.get(reward.submit.remote(g3)).status == "accepted"
     stats = ray.get(reward.stats.remote())

@@ -90,7 +90,7 @@ def test_object_store_round_trip_into_an_actor(ray_cluster) -> None:
             return dict(await handle.load())
 
     reader = Reader.remote()
-    got = ray.get(reader.read.remote(ObjectStoreWeights([ray.put(state)])))
+    got = ray.get(reader.read.remote(ObjectStoreWeights.put(state)))
     ray.kill(reader)
     assert set(got) == set(state) and all(torch.equal(got[k], state[k]) for k in state)
 

@@ -1,0 +1,180 @@
+"""Benchmark: one learner update against a plain PyTorch step, and what publishing weights costs.
+
+The learner's update (``LearnerWorker._update``: advantages, token batch, DeepSpeed forward /
+backward / step with the configured loss) and a plain PyTorch step (the same model init, the
+same token batch and loss: forward, backward per micro-batch, clip, ``torch.optim.AdamW``) run
+alternately in one process on the same batch of trajectories; the bench prints each one's
+median and their ratio. Then the per-step cost of publishing the weights: gathering the state
+dict, putting it into Ray's object store, writing a safetensors file.
+
+    .venv/bin/python bench/learner.py --quick
+    .venv/bin/python bench/learner.py --hidden 256 --layers 4 --groups 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench.tiny_llama import build_tiny_llama  # noqa: E402
+from learner.batching import TokenBatch, build_token_batch  # noqa: E402
+from learner.config import LearnerConfig  # noqa: E402
+from learner.losses import LossInputs, policy_loss  # noqa: E402
+from rollout.trajectory import Trajectory, Turn  # noqa: E402
+
+CORPUS = ["Question: who wrote the report? <tool_call>search</tool_call> <answer>Ada</answer>",
+          "The report was written by Ada Lovelace in 1843 for the Analytical Engine."] * 20
+
+
+def trajectories(args: argparse.Namespace, vocab: int) -> list[Trajectory]:
+    """``groups`` x ``group_size`` episodes of ``turns`` turns: random tokens of the demo's
+    lengths, outcomes that differ within each group (so advantages are not all zero)."""
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda n: torch.randint(5, vocab, (n,), generator=gen).tolist()  # noqa: E731
+    out = []
+    for g in range(args.groups):
+        for r in range(args.group_size):
+            turns = [Turn(action_ids=rand(args.action_tokens), action_logprobs=[-1.5] * args.action_tokens,
+                          policy_version=0, observation_ids=rand(args.obs_tokens) if t < args.turns - 1 else [])
+                     for t in range(args.turns)]
+            out.append(Trajectory(trajectory_id=f"{g}-{r}", task_id=f"t{g}", group_id=f"g{g}",
+                                  prompt_ids=rand(args.prompt_tokens), turns=turns, outcome=float(r % 2),
+                                  metadata={"on_missing": "mask_turn"}))
+    return out
+
+
+class PlainStep:
+    """The same update in plain PyTorch: no DeepSpeed, no learner bookkeeping."""
+
+    def __init__(self, model_path: str, cfg: LearnerConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def step(self, tb: TokenBatch) -> None:
+        rows, tokens = tb.input_ids.size(0), max(tb.num_tokens, 1.0)
+        for a in range(0, rows, self.cfg.micro_batch_size):
+            mb = tb.rows(a, a + self.cfg.micro_batch_size)
+            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            inputs = LossInputs(logprobs=logp, old_logprobs=logp.detach(), behaviour_logprobs=mb.behaviour,
+                                advantages=mb.advantages, mask=mb.loss_mask, turn_ids=mb.turn_ids)
+            loss, _ = policy_loss(inputs, self.cfg.loss, None)
+            (loss * mb.num_tokens / tokens).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_update(model_path: str, trajs: list[Trajectory], cfg: LearnerConfig, repeats: int,
+                 group_size: int) -> dict[str, float]:
+    from learner.worker import LearnerWorker
+
+    worker = LearnerWorker(cfg, model_path, tempfile.mkdtemp(), ports=None, group_size=group_size,
+                           temperature=1.0)
+    plain = PlainStep(model_path, cfg)
+    trajs_sorted, res, mask = worker._all_advantages(trajs)
+    tb = build_token_batch(trajs_sorted, res.advantages, mask, worker.tokenizer.pad_token_id)
+    learner_s, plain_s = [], []
+    for i in range(repeats + 1):  # the first round warms both up and is not counted
+        t_learner = timed(lambda: worker._update(trajs))
+        t_plain = timed(lambda: plain.step(tb))
+        if i:
+            learner_s.append(t_learner)
+            plain_s.append(t_plain)
+    return {"learner_s": statistics.median(learner_s), "plain_s": statistics.median(plain_s),
+            "rows": float(tb.input_ids.size(0)), "tokens": tb.num_tokens, "worker": worker}
+
+
+def bench_publish(worker, repeats: int) -> list[tuple[str, float, int]]:
+    """(what, median seconds, bytes) of each way a step's weights leave the learner."""
+    import ray
+
+    from learner.deepspeed_setup import full_state_dict
+    from learner.weights import FilePublisher, ObjectStorePublisher
+
+    state = full_state_dict(worker.engine)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    files = FilePublisher(tempfile.mkdtemp())
+    store = ObjectStorePublisher()
+    rows = []
+    for name, fn in [("gather state dict (fp32 CPU copy)", lambda: full_state_dict(worker.engine)),
+                     ("object store, torch tensors pickled", lambda: ray.put(full_state_dict(worker.engine))),
+                     ("object store publish (numpy buffers)", lambda: store.publish(1, full_state_dict(worker.engine))),
+                     ("file publish (safetensors)", lambda: files.publish(1, full_state_dict(worker.engine)))]:
+        fn()
+        rows.append((name, statistics.median(timed(fn) for _ in range(repeats)), nbytes))
+    # what every engine and reward scorer pays to fetch a version
+    from rollout.engines.transport import ObjectStoreWeights
+
+    pickled = ObjectStoreWeights([ray.put(full_state_dict(worker.engine))])
+    mapped = store.publish(1, full_state_dict(worker.engine))
+    for name, fn in [("reader load, torch tensors pickled", lambda: asyncio.run(pickled.load())),
+                     ("reader load (numpy buffers, mapped)", lambda: asyncio.run(mapped.load()))]:
+        fn()
+        rows.append((name, statistics.median(timed(fn) for _ in range(repeats)), nbytes))
+    ray.shutdown()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--groups", type=int, default=4, help="learner.batch_groups")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=int, default=48)
+    p.add_argument("--action-tokens", type=int, default=24)
+    p.add_argument("--obs-tokens", type=int, default=64)
+    p.add_argument("--micro-batch-size", type=int, default=16)
+    p.add_argument("--zero-stage", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="a small model and batch, 3 repeats (seconds)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.groups, args.group_size, args.repeats = 64, 2, 2, 4, 3
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("DS_BUILD_OPS", "0")
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = build_tiny_llama(Path(tmp), CORPUS, vocab=args.vocab, hidden=args.hidden,
+                                      layers=args.layers, max_positions=2048)
+        params = sum(p.numel() for p in model.parameters())
+        cfg = LearnerConfig(batch_groups=args.groups, micro_batch_size=args.micro_batch_size,
+                            zero_stage=args.zero_stage, torch_threads=args.threads)
+        res = bench_update(tmp, trajectories(args, len(tok)), cfg, args.repeats, args.group_size)
+        print(f"model: {params / 1e6:.2f}M parameters; batch: {res['rows']:.0f} rows, "
+              f"{res['tokens']:.0f} trained tokens; ZeRO {args.zero_stage}, {args.threads} threads")
+        print(f"learner update (DeepSpeed, LearnerWorker._update): {res['learner_s'] * 1e3:8.1f} ms")
+        print(f"plain PyTorch step (forward, loss, backward, AdamW): {res['plain_s'] * 1e3:8.1f} ms")
+        print(f"ratio learner/plain: {res['learner_s'] / res['plain_s']:.2f}x (goal <= 1.3x)")
+        for name, secs, nbytes in bench_publish(res["worker"], 4 * args.repeats):
+            print(f"{name:38s} {secs * 1e3:8.2f} ms  {nbytes / 1e6:.2f} MB  {nbytes / secs / 1e9:6.2f} GB/s  "
+                  f"{secs / res['learner_s'] * 100:5.1f}% of an update")
+
+
+if __name__ == "__main__":
+    main()
