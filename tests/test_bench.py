@@ -39,7 +39,8 @@ def _splits_build(cfg) -> None:
 @pytest.mark.parametrize("script, needle", [("envs", "search step p50"), ("ig", "max |v - v_ref|"),
                                             ("replay", "store put+claim+ack"),
                                             ("serving", "p99 ratio (publishes / none)"),
-                                            ("engines", "ratio vLLM engine/generate")])
+                                            ("engines", "ratio vLLM engine/generate"),
+                                            ("learner", "ratio learner/plain")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
