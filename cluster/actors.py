@@ -156,7 +156,10 @@ def learner_actor_class(learner_cls: Any) -> Any:
     return ray.remote(concurrency_groups={"control": 1})(learner_cls)
 
 
-def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, resume: bool = False) -> RunActors:
+def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, resume: bool = False,
+                 storage_url: str | None = None) -> RunActors:
+    """``policy_path``: a folder every node reads, or its stored copy's URL; ``storage_url``:
+    where the learner keeps checkpoints and run state (None: ``run_dir``)."""
     import ray
 
     from learner.ports import ActorLearnerPorts
@@ -193,7 +196,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     learner = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
         (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
         {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,
-         "live_groups": live_groups, "dist": dist}))
+         "live_groups": live_groups, "dist": dist, "storage_url": storage_url}))
     started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.

@@ -34,6 +34,13 @@ class ClusterConfig(BaseModel):
     """Ray CPUs for the reward actor."""
     replay_num_cpus: float = Field(0.25, gt=0)
     """Ray CPUs for the replay actor."""
+    storage: str | None = None
+    """Where the run's folders live for every node: an fsspec URL (``s3://bucket/turnrl``,
+    ``gs://...``, ``file:///mnt/shared``). The policy folder is uploaded once under
+    ``<storage>/policies/`` and each node's actors copy it to a cache of their own; checkpoints
+    and run state go to ``<storage>/runs/<name>/``, from where ``--resume`` continues on any
+    node. None: everything stays in the run directory (one node, or a filesystem every node
+    mounts)."""
 
 
 class EvalConfig(BaseModel):

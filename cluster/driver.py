@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from cluster.config import RunConfig
 from cluster.requirements import check_requirements
+from cluster.run_sync import RunSync
 
 
 @dataclass
@@ -45,10 +46,13 @@ RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_
 
 def prepare_run_dir(cfg: RunConfig, resume: bool = False,
                     say: Callable[[str], None] = print) -> tuple[Path, str]:
-    """The run directory and run id; a resumed run keeps the id (its Redis keys use it)."""
+    """The run directory and run id; a resumed run keeps the id (its Redis keys use it). With
+    ``cluster.storage`` a resumed run's files come from storage, a new run's go there."""
     run_dir = (Path(cfg.output_dir) / cfg.name).resolve()
     ident = run_dir / "run.json"
+    sync = RunSync(cfg, run_dir)
     if resume:
+        sync.pull_for_resume()
         if not (run_dir / "state.json").exists() or not ident.exists():
             raise NothingToResumeError(
                 f"--resume: {run_dir} holds no checkpointed run (no state.json/run.json); the run "
@@ -60,9 +64,11 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
         say(f"note: {run_dir} holds an earlier run; starting over (turnrl train --resume continues it)")
     for name in RUN_STATE_FILES:
         (run_dir / name).unlink(missing_ok=True)
+    sync.forget(RUN_STATE_FILES)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2, by_alias=True))
     run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"
     ident.write_text(json.dumps({"run_id": run_id}))
+    sync.push("config.json", "run.json")
     return run_dir, run_id
 
 
@@ -125,6 +131,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
     rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
+    sync = RunSync(cfg, result.run_dir)
     last: dict[str, float] = {}
     step = result.steps
     for step in range(result.steps + 1, cfg.train.steps + 1):
@@ -140,6 +147,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             scores = _evaluate(actors, heldout, cfg)
             metrics["eval/success"] = sum(scores.values()) / max(len(scores), 1)
         monitor.update(metrics)
+        sync.push("metrics.jsonl")
         result.steps = step  # kept current so an interrupted run reports how far it got
     return step
 
@@ -178,7 +186,8 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
                            history_turns=cfg.rollout.history_turns)
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
-    actors = start_actors(cfg, str(policy), str(run_dir), run_id, resume=resume)
+    sync = RunSync(cfg, run_dir)
+    actors = start_actors(cfg, sync.policy(policy), str(run_dir), run_id, resume=resume, storage_url=sync.url)
     if actors.live_url:
         on_stage(f"live endpoint: {actors.live_url} (OpenAI-compatible; model {cfg.live.model_name!r})")
     result = RunResult(run_dir, 0, None, timings={"setup_s": time.time() - t_start})
@@ -194,6 +203,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     (run_dir / "result.json").write_text(json.dumps(
         {"steps": result.steps, "checkpoint": result.checkpoint, "interrupted": result.interrupted,
          "eval": result.eval, "timings": result.timings}, indent=2))
+    sync.push("result.json", "metrics.jsonl")
     return result
 
 
@@ -250,6 +260,7 @@ def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: P
     on_stage(f"[3/5] held-out evaluation before training ({len(heldout)} tasks)")
     before = _evaluate(actors, heldout, cfg)
     saved.write_text(json.dumps(before))
+    RunSync(cfg, run_dir).push("eval_before.json")
     return before
 
 

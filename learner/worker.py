@@ -34,6 +34,7 @@ import torch
 from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
+from learner.checkpoints import commit_run_state, fetch_checkpoint, upload_checkpoint
 from learner.batching import TokenBatch, build_token_batch, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
@@ -43,15 +44,17 @@ from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
 from replay.base import Claim
 from replay.client import wait_claim
+from storage import RunStorage, node_copy
 from rollout.trajectory import Trajectory
 
 
 class LearnerWorker:
     def __init__(self, cfg: LearnerConfig, model_path: str, run_dir: str, ports: LearnerPorts,
                  *, group_size: int, temperature: float, resume: bool = False,
-                 live_groups: int = 0, dist: DistSpec | None = None) -> None:
+                 live_groups: int = 0, dist: DistSpec | None = None, storage_url: str | None = None) -> None:
         """``ports`` are used by rank 0 only; ``dist`` places this worker in a multi-rank
-        learner (None: the only rank)."""
+        learner (None: the only rank). ``storage_url``: where checkpoints and run state are
+        uploaded and resumed from (``cluster.storage``; None: ``run_dir`` is the record)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(cfg.torch_threads)
@@ -59,6 +62,9 @@ class LearnerWorker:
         self.rank, self.world = (dist.rank, dist.world_size) if dist else (0, 1)
         self.device = resolve_device(cfg)
         self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # on a node of its own, a local scratch copy
+        self.store = RunStorage(storage_url) if storage_url else None
+        model_path = node_copy(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         state = self._resume_state() if resume else None
         load_from = state["hf_path"] if state else model_path
@@ -415,18 +421,24 @@ class LearnerWorker:
             self.engine.module.save_pretrained(path, state_dict=weights)
             self.tokenizer.save_pretrained(path)
         self.engine.save_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=tag)
-        if self.rank > 0:
-            return str(path)
-        if self.log_z is not None:
+        if self.rank == 0 and self.log_z is not None:
             torch.save({"table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(),
                         "task_codes": self.task_codes}, self._log_z_path(tag))
+        if self.store is not None:
+            upload_checkpoint(self.store, self.run_dir, tag, self.rank)
+            if self.world > 1:
+                torch.distributed.barrier(group=self.control)  # every shard stored before state.json
+        if self.rank > 0:
+            return str(path)
         state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
                  "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.live_state.items()}}
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "state.json")
+        if self.store is not None:
+            commit_run_state(self.store, self.run_dir)
         self.ports.commit(self.version)  # only now is this version's update durable
-        return str(path)
+        return f"{self.store.url}/checkpoints/{tag}" if self.store is not None else str(path)
 
     def _log_z_path(self, tag: str) -> Path:
         """Trajectory balance's log Z table, beside the DeepSpeed checkpoint of ``tag``."""
@@ -446,6 +458,8 @@ class LearnerWorker:
                                  "group_ids": group_ids}) + "\n")
 
     def _resume_state(self) -> dict[str, Any] | None:
+        if self.store is not None:
+            fetch_checkpoint(self.store, self.run_dir)  # storage is the record; this node may have none
         path = self.run_dir / "state.json"
         return json.loads(path.read_text()) if path.exists() else None
 

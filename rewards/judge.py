@@ -183,8 +183,10 @@ class JudgeWorker:
             import torch
 
             torch.set_num_threads(torch_threads)
+        from storage import node_copy
+
         self.cfg = cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(policy_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(node_copy(policy_path))
         self.backend = backend if backend is not None else make_backend(cfg)
 
     def judge(self, trajs: Sequence[Trajectory], turns: Sequence[Sequence[int] | None] | None = None

@@ -81,8 +81,11 @@ class ModelScorer:
 
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        from storage import node_copy
+
         self.cfg, self.weights = cfg, weights
         self.poll_s = cfg.service.weight_poll_s if poll_s is None else poll_s
+        policy_path = node_copy(policy_path)  # a stored policy (cluster.storage): this node's copy
         self.tokenizer = AutoTokenizer.from_pretrained(policy_path)
         self.counts = {"ig_version_mismatch": 0, "ig_values": 0, "weight_loads": 0,
                        "prm_values": 0, "scored": 0}

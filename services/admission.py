@@ -66,6 +66,13 @@ RULES: dict[str, Rule] = {
     "RunConfig.name": Rule("service", "becomes the run id"),
     "RunConfig.output_dir": Rule("service", "the service's runs_dir"),
     "ClusterConfig.address": Rule("service", "the job joins the service's Ray cluster"),
+    "ClusterConfig.storage": Rule("service", "runs keep their folders in the service's runs_dir"),
+    "RolloutConfig.resources": Rule("inert", "custom Ray resource names -> amounts: which nodes may host the "
+                                             "actors; no code, file or host"),
+    "HFEngineConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
+    "VLLMEngineConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
+    "EnvActorsConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
+    "LearnerConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "PolicyConfig.path": Rule("model", also=("builtin:tiny",)),
     "PolicyConfig.cache_dir": Rule("write", cache="policies"),
     "SFTConfig.env": Rule("env_overrides"),
@@ -215,6 +222,7 @@ class Admission:
         _set(tree, ("output_dir",), str(run_dir.parent))
         _set(tree, ("progress",), "log")
         _set(tree, ("cluster", "address"), None)
+        _set(tree, ("cluster", "storage"), None)
         admitted = build_config(tree) if not errors else run_cfg
         errors += limit_errors(admitted, self.cfg.limits_for(owner), owner)
         if errors:

@@ -154,7 +154,9 @@ class RayEngineClient(EngineClient):
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            from storage import node_copy
+
+            self._tokenizer = AutoTokenizer.from_pretrained(node_copy(self.model_path))
         return self._tokenizer
 
     @property

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 from rollout.engines import make_engine
 from rollout.engines.base import Chunk, Completion, SamplingParams
 from rollout.engines.transport import WeightHandle
+from storage import node_copy
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class EngineServer:
         """``rank``: this engine's rank in the learner's weight broadcast group (1..N)."""
         self.cfg, self.weights, self.rank = cfg, weights, rank
         self._joined: dict[str, Any] | None = None
-        self.engine = make_engine(cfg, model_path, seed=seed)
+        # a stored policy (``cluster.storage``) is copied to this node first
+        self.engine = make_engine(cfg, node_copy(model_path), seed=seed)
         self._follower: asyncio.Task | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._follow_errors = 0
