@@ -106,6 +106,9 @@ class RunActors:
     engine_client: Any
     gateway: Any = None
     live_url: str | None = None
+    make_learner: Any = None
+    """``make_learner(resume, version_floor=0)``: a new learner group like the run's (what an
+    in-job restart of a dead learner uses)."""
 
     def all(self) -> list[Any]:
         return [self.replay, self.broker, self.reward, *self.rollouts, *self.learner.ranks, *self.envs,
@@ -193,11 +196,15 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         for i in range(cfg.rollout.num_workers)
     ]
     ports = ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
-    learner = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
-        (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
-        {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,
-         "live_groups": live_groups, "dist": dist, "storage_url": storage_url}))
-    started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client)
+
+    def make_learner(resume: bool, version_floor: int = 0) -> LearnerGroup:
+        return start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
+            (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
+            {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,
+             "live_groups": live_groups, "dist": dist, "storage_url": storage_url, "version_floor": version_floor}))
+
+    learner = make_learner(resume)
+    started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client, make_learner=make_learner)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:

@@ -72,6 +72,11 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
     return run_dir, run_id
 
 
+class LearnerDied(RuntimeError):
+    """A learner rank's process is gone (killed, its node lost), as opposed to an error the
+    learner raised: the run restarts the learner from its last checkpoint."""
+
+
 def _watch(refs: list[Any], rollout_refs: list[Any]) -> Any:
     """Wait for ``refs`` (one call on every learner rank) and return the first's result; a
     rank that fails raises at once (the others would wait for it in a collective), as does a
@@ -82,7 +87,10 @@ def _watch(refs: list[Any], rollout_refs: list[Any]) -> Any:
     while pending:
         ready, _ = ray.wait([*pending, *rollout_refs], num_returns=1)
         if ready[0] in pending:
-            ray.get(ready[0])
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                raise LearnerDied(f"learner rank {refs.index(ready[0])} died ({type(exc).__name__})") from exc
             pending.remove(ready[0])
             continue
         idx = rollout_refs.index(ready[0])
@@ -125,7 +133,8 @@ def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> d
     return out
 
 
-def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult) -> int:
+def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
+                on_stage: Callable[[str], None]) -> int:
     import ray
 
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
@@ -133,13 +142,21 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     sync = RunSync(cfg, result.run_dir)
     last: dict[str, float] = {}
-    step = result.steps
-    for step in range(result.steps + 1, cfg.train.steps + 1):
+    step, restarts = result.steps, 0
+    while step < cfg.train.steps:
+        step += 1
         if not cfg.train.async_:
             t0 = time.perf_counter()
             ray.get([w.collect.remote(per_worker) for w in actors.rollouts])
             gen_s = time.perf_counter() - t0
-        metrics = _watch(actors.learner.call("train_step"), rollout_refs)
+        try:
+            metrics = _watch(actors.learner.call("train_step"), rollout_refs)
+        except LearnerDied as exc:
+            if restarts == cfg.learner.max_restarts:
+                raise RuntimeError(f"{exc}; learner.max_restarts={restarts} restarts used up") from exc
+            restarts += 1
+            step = result.steps = _restart_learner(actors, monitor, str(exc), on_stage)
+            continue
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
         metrics |= _throughput(actors, last)
@@ -149,6 +166,24 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         monitor.update(metrics)
         sync.push("metrics.jsonl")
         result.steps = step  # kept current so an interrupted run reports how far it got
+    return step
+
+
+def _restart_learner(actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:
+    """Replace a dead learner inside the run, from its last checkpoint; replay delivers again
+    what the lost steps trained. Returns the step training continues after."""
+    import ray
+
+    t0 = time.monotonic()
+    served = ray.get(actors.broker.version.remote())
+    actors.learner.release()
+    actors.learner = actors.make_learner(True, served)
+    ray.get(actors.learner.call("get_version"))  # every rank built
+    step, version = ray.get(actors.learner.leader.get_resumed_from.remote())
+    requeued = ray.get(actors.replay.recover.remote(version))
+    monitor.rewind(step)
+    on_stage(f"{reason}: restarted from step {step} (checkpoint version {version}) in "
+             f"{time.monotonic() - t0:.1f}s; {requeued} groups delivered again")
     return step
 
 
@@ -230,7 +265,7 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
     monitor = RunMonitor(result.run_dir, cfg.train.steps, cfg.progress, initial=result.steps)
     t_train = time.time()
     try:
-        result.steps = _train_loop(cfg, actors, monitor, heldout, result)
+        result.steps = _train_loop(cfg, actors, monitor, heldout, result, on_stage)
     except KeyboardInterrupt:
         result.interrupted = True
         on_stage("interrupted: stopping rollouts and saving a checkpoint ...")

@@ -43,6 +43,17 @@ class RunMonitor:
         elif self.mode == "log":
             print(f"step {metrics.get('step')}: {text}", flush=True)
 
+    def rewind(self, step: int) -> None:
+        """Forget the steps after ``step`` (a learner restarted from that checkpoint trains
+        them again)."""
+        from learner.run_files import keep_steps_through
+
+        self._fh.close()
+        keep_steps_through(self.path, step)
+        self._fh = self.path.open("a")
+        self.bar.n = step
+        self.bar.refresh()
+
     def close(self) -> None:
         self.bar.close()
         self._fh.close()

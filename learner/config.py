@@ -123,6 +123,10 @@ class LearnerConfig(BaseModel):
     """Policy loss, selected by ``type``."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a Hugging Face checkpoint and run state every N steps (0: only at the end)."""
+    max_restarts: int = Field(2, ge=0)
+    """Times a dead learner (its process killed, its node lost) is restarted inside the same
+    run from its last checkpoint (``checkpoint_every``; without one, from the start) before
+    the run fails. What the lost steps trained is delivered again by replay."""
     claim_timeout_s: float = Field(600.0, gt=0)
     """Longest the learner waits for a batch before the run fails."""
     num_cpus: float = Field(1.0, gt=0)

@@ -51,10 +51,14 @@ from rollout.trajectory import Trajectory
 class LearnerWorker:
     def __init__(self, cfg: LearnerConfig, model_path: str, run_dir: str, ports: LearnerPorts,
                  *, group_size: int, temperature: float, resume: bool = False,
-                 live_groups: int = 0, dist: DistSpec | None = None, storage_url: str | None = None) -> None:
+                 live_groups: int = 0, dist: DistSpec | None = None, storage_url: str | None = None,
+                 version_floor: int = 0) -> None:
         """``ports`` are used by rank 0 only; ``dist`` places this worker in a multi-rank
         learner (None: the only rank). ``storage_url``: where checkpoints and run state are
-        uploaded and resumed from (``cluster.storage``; None: ``run_dir`` is the record)."""
+        uploaded and resumed from (``cluster.storage``; None: ``run_dir`` is the record).
+        ``version_floor``: for a learner restarted inside a running job, the newest version
+        the engines already serve; versions continue above it (engines only ever move
+        forward), starting with the checkpoint's weights published as the next one."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(cfg.torch_threads)
@@ -96,13 +100,18 @@ class LearnerWorker:
         self.update_metrics: list[dict[str, float]] = []
         self.version = state["version"] if state else 0
         self.step = state["step"] if state else 0
+        self.resumed_from = (self.step, self.version)
+        """(step, version) of the checkpoint this learner started from ((0, 0): none)."""
+        if version_floor:
+            self.version = max(self.version, version_floor) + 1
         self.trained_log = self.run_dir / "trained_groups.jsonl"
         if state:
             self.engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
                                         load_module_only=False)
+            self._load_log_z(state["ds_tag"])
+        if state or version_floor:
             if self.rank == 0:
                 keep_steps_through(self.trained_log, self.step)  # later steps are trained again
-            self._load_log_z(state["ds_tag"])
             self._publish()
 
     # -- one step ------------------------------------------------------------------------
@@ -468,6 +477,9 @@ class LearnerWorker:
         so the checkpoint queued behind it runs. Called on the actor's ``control`` concurrency
         group, which is not blocked by the step."""
         self._interrupted.set()
+
+    def get_resumed_from(self) -> tuple[int, int]:
+        return self.resumed_from
 
     def get_version(self) -> int:
         return self.version
