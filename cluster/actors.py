@@ -198,18 +198,23 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     ports = ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
 
     def make_learner(resume: bool, version_floor: int = 0) -> LearnerGroup:
-        return start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
+        group = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
             (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
             {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,
              "live_groups": live_groups, "dist": dist, "storage_url": storage_url, "version_floor": version_floor}))
+        pin(group.ranks, cfg.learner.cpu_affinity, "learner.cpu_affinity")
+        return group
 
-    learner = make_learner(resume)
-    started = RunActors(replay, broker, reward, rollouts, learner, envs, engines, client, make_learner=make_learner)
+    started = RunActors(replay, broker, reward, rollouts, LearnerGroup([]), envs, engines, client,
+                        make_learner=make_learner)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:
+        learner = started.learner = make_learner(resume)
         ray.get([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
                  *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]])
+        pin(engines, cfg.rollout.engine.cpu_affinity, "rollout.engine.cpu_affinity")
+        pin(rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
         if cfg.live.enabled:
             from cluster.live import start_gateway
 
@@ -227,8 +232,9 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
 
 
 def record_placement(actors: RunActors, run_dir: str) -> dict[str, list[dict[str, str]]]:
-    """``<run_dir>/placement.json``: the node (id and address) each of the run's actors runs
-    on, by role, so an operator (and the multi-node test) sees where resources put them."""
+    """``<run_dir>/placement.json``: the node (id and address), process and allowed cores of
+    each of the run's actors, by role, so an operator (and the tests) see where resources and
+    ``cpu_affinity`` put them."""
     import ray
 
     roles = {"replay": [actors.replay], "reward": [actors.reward], "rollout": actors.rollouts,
@@ -243,4 +249,28 @@ def _node_of(_actor: Any) -> dict[str, str]:
     """Run inside an actor (``__ray_call__``): the node it is on."""
     import ray
 
-    return {"node_id": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address()}
+    return {"node_id": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address(),
+            "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0))}
+
+
+def pin(actors: list[Any], cores: list[int] | None, key: str) -> None:
+    """Restrict every thread of each actor's process to ``cores`` (``key`` names the setting
+    in errors); waits until they are (an actor's constructor must have finished)."""
+    import ray
+
+    if cores:
+        ray.get([a.__ray_call__.remote(_pin_threads, list(cores), key) for a in actors])
+
+
+def _pin_threads(_actor: Any, cores: list[int], key: str) -> None:
+    """Run inside an actor (``__ray_call__``): CPU affinity is per thread on Linux, so every
+    thread the process has (torch's pools included) gets it; threads started later inherit."""
+    have = sorted(os.sched_getaffinity(0))
+    if not set(cores) <= set(range(os.cpu_count() or 1)):
+        raise ValueError(f"{key}={cores}: this node's cores are 0..{(os.cpu_count() or 1) - 1} "
+                         f"(this process may use {have})")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass

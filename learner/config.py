@@ -137,6 +137,10 @@ class LearnerConfig(BaseModel):
     resources: dict[str, float] = {}
     """Custom Ray resources each learner rank reserves (in its placement bundle), e.g.
     ``{trainer_node: 1}`` to keep the ranks on nodes that advertise it."""
+    cpu_affinity: list[int] | None = None
+    """Cores the learner ranks' processes may run on (Linux CPU affinity of every
+    thread), e.g. to give generation and training disjoint cores on one machine; None: the OS
+    schedules."""
     world_size: int = Field(1, ge=1)
     """Learner ranks (data parallel, one Ray actor each). Rank 0 alone claims, acknowledges,
     publishes and commits; every rank trains on its share of each batch's rows, and DeepSpeed

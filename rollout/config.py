@@ -25,6 +25,10 @@ class EngineGroupConfig(BaseModel):
     resources: dict[str, float] = {}
     """Custom Ray resources each engine actor reserves, e.g. ``{gpu_node: 1}``: engines start
     only on nodes that advertise them (``ray start --resources``)."""
+    cpu_affinity: list[int] | None = None
+    """Cores the engine actors' processes may run on (Linux CPU affinity of every
+    thread), e.g. to give generation and training disjoint cores on one machine; None: the OS
+    schedules."""
     torch_threads: int = Field(1, ge=1)
     """Intra-op threads per engine actor."""
     max_concurrency: int = Field(1024, ge=1)
@@ -149,6 +153,10 @@ class RolloutConfig(BaseModel):
     resources: dict[str, float] = {}
     """Custom Ray resources each rollout actor reserves, e.g. ``{rollout_node: 1}``: rollout
     actors start only on nodes started with that resource (``ray start --resources``)."""
+    cpu_affinity: list[int] | None = None
+    """Cores the rollout actors' processes may run on (Linux CPU affinity of every
+    thread), e.g. to give generation and training disjoint cores on one machine; None: the OS
+    schedules."""
     group_size: int = Field(8, ge=1)
     """G: rollouts per task, normalised together."""
     groups_in_flight: int = Field(4, ge=1)
