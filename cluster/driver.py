@@ -115,7 +115,8 @@ def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
     out = {"throughput/gen_tokens_per_s": (tokens - last.get("tokens", 0)) / dt,
            "throughput/episodes_per_s": (episodes - last.get("episodes", 0)) / dt,
            "replay/ready": replay.ready, "replay/running": replay.running,
-           "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values())}
+           "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values()),
+           "rollout/dropped_groups": sum(s.get("dropped", 0) for s in stats)}
     if actors.gateway is not None:
         out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, dt)
     last.update(t=now, tokens=tokens, episodes=episodes)

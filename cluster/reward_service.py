@@ -118,8 +118,10 @@ def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: 
     ports: list[Any] = [ActorScorer(a) for a in scorers]
     if ig_on_engines:
         ports = engine_ig_ports(cfg, engines, ports)
+    # A killed front comes back with the same scorers and replay; groups it held are dropped
+    # and counted by their producers (rollout.ports.SubmitLost).
     return ray.remote(instrument(RewardService, "reward")).options(
-        num_cpus=cfg.cluster.reward_num_cpus, max_concurrency=1000,
+        num_cpus=cfg.cluster.reward_num_cpus, max_concurrency=1000, max_restarts=-1,
     ).remote(cfg.rewards, cfg.replay, ReplayPut(replay), ports, [ActorJudge(a) for a in judges])
 
 

@@ -14,6 +14,11 @@ from rollout.engines.transport import WeightHandle
 from rollout.trajectory import Group
 
 
+class SubmitLost(RuntimeError):
+    """The reward service died while it held a submitted group (it restarts; the group is
+    gone): the producer counts it dropped and gives its reservation back."""
+
+
 class RolloutPorts(Protocol):
     async def reserve(self, n: int) -> int: ...
     async def release(self, n: int) -> None: ...
@@ -33,7 +38,12 @@ class ActorPorts:
         await self.replay.release.remote(n)
 
     async def submit(self, group: Group) -> Any:
-        return await self.reward.submit.remote(group)
+        import ray
+
+        try:
+            return await self.reward.submit.remote(group)
+        except ray.exceptions.RayActorError as exc:
+            raise SubmitLost(f"group {group.group_id}: the reward service died ({type(exc).__name__})") from exc
 
 
 class BrokerWeightSource:

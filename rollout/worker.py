@@ -21,7 +21,7 @@ from rollout.config import RolloutConfig
 from rollout.engines.base import SamplingParams
 from rollout.engines.client import EngineClient
 from rollout.episode import run_episode, sampling_params
-from rollout.ports import RolloutPorts
+from rollout.ports import RolloutPorts, SubmitLost
 from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
 
@@ -39,7 +39,8 @@ class RolloutWorker:
         self._train = self.source.tasks("train")
         self._rng = random.Random(seed * 7919 + worker_id)
         self._stop = asyncio.Event()
-        self._counts = {"groups": 0, "episodes": 0, "errors": 0, "tokens": 0, "successes": 0}
+        self._counts = {"groups": 0, "episodes": 0, "errors": 0, "tokens": 0, "successes": 0, "dropped": 0}
+        """``dropped``: finished groups lost with a reward service that died holding them."""
 
     def _params(self, temperature: float | None = None) -> SamplingParams:
         return sampling_params(self.cfg, temperature)
@@ -75,7 +76,13 @@ class RolloutWorker:
         except BaseException:
             await self.ports.release(1)
             raise
-        await self.ports.submit(group)
+        try:
+            await self.ports.submit(group)
+        except SubmitLost:
+            # The group never reached replay (its put would have taken the reservation), and
+            # the reward service restarts: count it, free the slot, keep producing.
+            self._counts["dropped"] += 1
+            await self.ports.release(1)
 
     async def run(self) -> dict[str, int]:
         """Produce groups until ``stop()``; re-raises the first failure of a group task."""

@@ -115,3 +115,19 @@ def test_a_killed_learner_restarts_from_its_checkpoint_inside_the_run(tiny_run_c
     versions = [r["version"] for r in rows]
     assert versions == sorted(set(versions)), "versions only move forward across the restart"
     assert json.loads((run_dir / "state.json").read_text())["step"] == 4
+
+
+def test_a_killed_reward_front_comes_back_and_its_groups_are_counted(tiny_run_config, tiny_policy, ray_cluster,
+                                                                      tmp_path) -> None:
+    # The front held whatever groups it was scoring or putting: their producers count them
+    # dropped (rollout/dropped_groups) and give their reservations back, so admission keeps
+    # granting and the run trains its 4 steps on groups that did reach replay.
+    cfg = _config(tiny_run_config, tmp_path, "front", [])
+    result, back, run_dir = _run_killing(cfg, "RewardService")
+    print(f"reward front killed: next step {back:.1f}s later")
+    assert result.steps == 4
+    _trained_once(run_dir, 4)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    dropped = rows[-1]["rollout/dropped_groups"]
+    print(f"  groups dropped with the front: {dropped:.0f}")
+    assert dropped >= 0 and rows[-1]["replay/running"] <= cfg.rollout.groups_in_flight  # no leaked slots
