@@ -151,6 +151,11 @@ def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) ->
             for i in range(eng.count)]
 
 
+def producer_id(worker: int) -> str:
+    """Rollout worker ``worker``'s name in replay's reservation ledger."""
+    return f"rollout-{worker}"
+
+
 def learner_actor_class(learner_cls: Any) -> Any:
     """The learner as a Ray actor class. Its ``control`` concurrency group runs ``interrupt()``
     beside a ``train_step`` blocked waiting for a batch; everything else stays serial."""
@@ -191,8 +196,9 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     env_ports = [ActorEnvPort(h) for h in envs] or None
     rollouts = [
         ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, resources=cfg.rollout.resources,
-                                    max_concurrency=256).remote(
-            i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward), env_ports)
+                                    max_concurrency=256, max_restarts=cfg.rollout.max_restarts,
+                                    max_task_retries=0).remote(
+            i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward, producer_id(i)), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
     ports = ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)

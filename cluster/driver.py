@@ -77,10 +77,11 @@ class LearnerDied(RuntimeError):
     learner raised: the run restarts the learner from its last checkpoint."""
 
 
-def _watch(refs: list[Any], rollout_refs: list[Any]) -> Any:
+def _watch(refs: list[Any], rollout_refs: list[Any], revive: Callable[[int, Exception], bool] | None = None) -> Any:
     """Wait for ``refs`` (one call on every learner rank) and return the first's result; a
     rank that fails raises at once (the others would wait for it in a collective), as does a
-    rollout actor's loop that ends first."""
+    rollout actor's loop that ends first, unless its actor died and ``revive(index, error)``
+    restarts its loop (replacing ``rollout_refs[index]``)."""
     import ray
 
     pending = list(refs)
@@ -96,6 +97,10 @@ def _watch(refs: list[Any], rollout_refs: list[Any]) -> Any:
         idx = rollout_refs.index(ready[0])
         try:
             ray.get(ready[0])
+        except ray.exceptions.RayActorError as exc:
+            if revive is not None and revive(idx, exc):
+                continue
+            raise RuntimeError(f"rollout worker {idx} died: {exc}") from exc
         except Exception as exc:
             raise RuntimeError(f"rollout worker {idx} failed: {exc}") from exc
         raise RuntimeError(f"rollout worker {idx} stopped producing unexpectedly")
@@ -105,8 +110,8 @@ def _watch(refs: list[Any], rollout_refs: list[Any]) -> Any:
 def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
     import ray
 
-    stats = ray.get([w.stats.remote() for w in actors.rollouts])
-    engines = ray.get([e.stats.remote() for e in actors.engines])
+    stats = _answering([w.stats.remote() for w in actors.rollouts])
+    engines = _answering([e.stats.remote() for e in actors.engines])
     replay = ray.get(actors.replay.stats.remote())
     now = time.time()
     tokens = sum(s["tokens"] for s in engines)
@@ -120,6 +125,36 @@ def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
     if actors.gateway is not None:
         out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, dt)
     last.update(t=now, tokens=tokens, episodes=episodes)
+    return out
+
+
+def _wait_restarted(actor: Any, timeout_s: float) -> None:
+    """Until ``actor`` answers again: while Ray restarts it, calls fail at once with
+    ActorUnavailableError rather than wait."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.stats.remote())
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _answering(refs: list[Any]) -> list[dict[str, Any]]:
+    """The stats of the actors that answer: one that is restarting (its process died; the
+    training loop restarts its work) reports nothing this step."""
+    import ray
+
+    out = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayActorError:
+            pass
     return out
 
 
@@ -144,6 +179,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     sync = RunSync(cfg, result.run_dir)
     last: dict[str, float] = {}
     step, restarts = result.steps, 0
+    revive = RolloutReviver(cfg, actors, rollout_refs, on_stage)
     while step < cfg.train.steps:
         step += 1
         if not cfg.train.async_:
@@ -151,7 +187,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             ray.get([w.collect.remote(per_worker) for w in actors.rollouts])
             gen_s = time.perf_counter() - t0
         try:
-            metrics = _watch(actors.learner.call("train_step"), rollout_refs)
+            metrics = _watch(actors.learner.call("train_step"), rollout_refs, revive)
         except LearnerDied as exc:
             if restarts == cfg.learner.max_restarts:
                 raise RuntimeError(f"{exc}; learner.max_restarts={restarts} restarts used up") from exc
@@ -160,6 +196,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             continue
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
+        metrics["rollout/lost_groups"] = float(revive.lost)
         metrics |= _throughput(actors, last)
         if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
             scores = _evaluate(actors, heldout, cfg)
@@ -168,6 +205,34 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         sync.push("metrics.jsonl")
         result.steps = step  # kept current so an interrupted run reports how far it got
     return step
+
+
+class RolloutReviver:
+    """What ``_watch`` does when a rollout actor dies: give back the reservations of the
+    groups it had in flight (they are lost, and counted in ``lost``), then start its loop again
+    on the actor Ray restarts, at most ``rollout.max_restarts`` times per actor."""
+
+    def __init__(self, cfg: RunConfig, actors: Any, rollout_refs: list[Any], on_stage: Callable[[str], None]):
+        self.cfg, self.actors, self.refs, self.on_stage = cfg, actors, rollout_refs, on_stage
+        self.restarts = [0] * len(actors.rollouts)
+        self.lost = 0
+
+    def __call__(self, idx: int, exc: Exception) -> bool:
+        import ray
+
+        from cluster.actors import producer_id
+
+        if self.restarts[idx] >= self.cfg.rollout.max_restarts:
+            return False
+        self.restarts[idx] += 1
+        t0 = time.monotonic()
+        lost = ray.get(self.actors.replay.release_producer.remote(producer_id(idx)))
+        _wait_restarted(self.actors.rollouts[idx], self.cfg.rollout.restart_timeout_s)
+        self.refs[idx] = self.actors.rollouts[idx].run.remote()
+        self.lost += lost
+        self.on_stage(f"rollout worker {idx} died ({type(exc).__name__}): restarted in "
+                      f"{time.monotonic() - t0:.1f}s; {lost} groups it had in flight lost, their reservations released")
+        return True
 
 
 def _restart_learner(actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:

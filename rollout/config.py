@@ -150,6 +150,11 @@ class RolloutConfig(BaseModel):
 
     num_workers: int = Field(1, ge=1)
     """Rollout actors."""
+    max_restarts: int = Field(3, ge=0)
+    """Times each rollout actor is restarted after its process dies (async runs); the groups
+    it had in flight are lost and counted, their reservations given back."""
+    restart_timeout_s: float = Field(120.0, gt=0)
+    """Longest wait for a restarted rollout actor to answer before the run fails."""
     resources: dict[str, float] = {}
     """Custom Ray resources each rollout actor reserves, e.g. ``{rollout_node: 1}``: rollout
     actors start only on nodes started with that resource (``ray start --resources``)."""

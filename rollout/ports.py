@@ -26,16 +26,17 @@ class RolloutPorts(Protocol):
 
 
 class ActorPorts:
-    """Ports backed by Ray actor handles (replay, reward)."""
+    """Ports backed by Ray actor handles (replay, reward). ``producer`` names this producer's
+    reservations in replay, so they can be given back if it dies."""
 
-    def __init__(self, replay: Any, reward: Any) -> None:
-        self.replay, self.reward = replay, reward
+    def __init__(self, replay: Any, reward: Any, producer: str | None = None) -> None:
+        self.replay, self.reward, self.producer = replay, reward, producer
 
     async def reserve(self, n: int) -> int:
-        return await self.replay.reserve.remote(n)
+        return await self.replay.reserve.remote(n, self.producer)
 
     async def release(self, n: int) -> None:
-        await self.replay.release.remote(n)
+        await self.replay.release.remote(n, self.producer)
 
     async def submit(self, group: Group) -> Any:
         import ray

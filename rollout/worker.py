@@ -57,6 +57,8 @@ class RolloutWorker:
         for traj in trajs:
             traj.success = traj.error is None and self.source.success(task, traj.answer)
             traj.metadata["worker"] = self.worker_id
+            if getattr(self.ports, "producer", None):  # replay's reservation ledger reads it
+                traj.metadata["producer"] = self.ports.producer
         if count:
             self._count(trajs)
         return Group(group_id=gid, task_id=task.task_id, trajectories=list(trajs))

@@ -38,10 +38,10 @@ def _steps_logged(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _run_killing(cfg, title: str, after_step: int = 1) -> tuple[object, float, Path]:
+def _run_killing(cfg, title: str, after_step: int = 1, role: str | None = None) -> tuple[object, float, Path]:
     """Train ``cfg`` in a thread; once step ``after_step`` is logged, kill -9 one actor of
-    class ``title``; returns (run result, seconds from the kill until the next step was
-    logged, run dir)."""
+    class ``title`` (with ``role``, the first actor of that role in placement.json); returns
+    (run result, seconds from the kill until the next step was logged, run dir)."""
     from cluster.driver import train
 
     run_dir = Path(cfg.output_dir) / cfg.name
@@ -54,8 +54,10 @@ def _run_killing(cfg, title: str, after_step: int = 1) -> tuple[object, float, P
         assert thread.is_alive(), "the run ended before the kill (its error is in the log above)"
         before = _actor_pids(title)
         assert before, f"no ray::{title} process to kill"
+        victim = json.loads((run_dir / "placement.json").read_text())[role][0]["pid"] if role else before[0]
+        assert victim in before
         killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
-        os.kill(before[0], signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
         _wait(lambda: any(p not in before for p in _actor_pids(title)), 120, f"{title} to restart")
         _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
         recovered = time.monotonic() - t_kill
@@ -131,3 +133,42 @@ def test_a_killed_reward_front_comes_back_and_its_groups_are_counted(tiny_run_co
     dropped = rows[-1]["rollout/dropped_groups"]
     print(f"  groups dropped with the front: {dropped:.0f}")
     assert dropped >= 0 and rows[-1]["replay/running"] <= cfg.rollout.groups_in_flight  # no leaked slots
+
+
+def test_a_killed_rollout_actor_restarts_and_its_reservations_come_back(tiny_run_config, tiny_policy,
+                                                                        ray_cluster, tmp_path) -> None:
+    # Two rollout actors; one dies with groups in flight. Replay's ledger gives back exactly
+    # the reservations it held (rollout/lost_groups counts them), Ray restarts it and the
+    # driver starts its loop again; the run trains its 4 steps, no group twice.
+    cfg = _config(tiny_run_config, tmp_path, "rollout", ["rollout.num_workers=2", "rollout.num_cpus=0.1"])
+    result, back, run_dir = _run_killing(cfg, "RolloutWorker", role="rollout")  # worker 0: admitted first
+    print(f"rollout actor killed: next step {back:.1f}s later")
+    assert result.steps == 4
+    _trained_once(run_dir, 4)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lost = rows[-1]["rollout/lost_groups"]
+    print(f"  groups lost with the actor: {lost:.0f}; running per step {[r['replay/running'] for r in rows]}")
+    assert 0 <= lost <= cfg.rollout.groups_in_flight
+    assert rows[-1]["replay/running"] <= 2 * cfg.rollout.groups_in_flight  # no leaked reservations
+
+
+def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
+    from replay.config import ReplayConfig
+    from replay.host import ReplayHost
+    from rollout.trajectory import Group, Trajectory, Turn
+
+    host = ReplayHost(ReplayConfig(), batch_groups=8, run_dir=str(tmp_path), run_id="ledger")
+
+    def group(gid: str, producer: str) -> Group:
+        traj = Trajectory(trajectory_id=gid, task_id="t", group_id=gid, prompt_ids=[1],
+                          turns=[Turn(action_ids=[2], action_logprobs=[-1.0], policy_version=0)],
+                          outcome=1.0, metadata={"producer": producer})
+        return Group(group_id=gid, task_id="t", trajectories=[traj])
+
+    assert host.reserve(3, "a") == 3 and host.reserve(2, "b") == 2
+    assert host.stats().running == 5
+    assert host.put(group("g1", "a")).accepted  # uses one of a's reservations
+    host.release(1, "a")  # a gave one back itself
+    assert host.release_producer("a") == 1  # a died holding one more
+    assert host.stats().running == 2 and host.release_producer("a") == 0
+    assert host.release_producer("b") == 2 and host.stats().running == 0
