@@ -1,6 +1,6 @@
-"""Runs that survive the loss of a component: kill -9 an actor's process during a run; the run
-finishes its step budget without a manual step and trains no group twice. Each test prints
-the time from the kill until the next training step was logged (docs/cluster.md reports
+"""Runs that survive the loss of a component: kill -9 actors' processes during a run; the run
+finishes its step budget without a manual step and trains no group twice. The test prints
+the time from each kill until the next training step was logged (docs/cluster.md reports
 them: ``pytest -s tests/test_survival.py``)."""
 
 from __future__ import annotations
@@ -38,34 +38,37 @@ def _steps_logged(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _run_killing(cfg, title: str, after_step: int = 1, role: str | None = None) -> tuple[object, float, Path]:
-    """Train ``cfg`` in a thread; once step ``after_step`` is logged, kill -9 one actor of
-    class ``title`` (with ``role``, the first actor of that role in placement.json); returns
-    (run result, seconds from the kill until the next step was logged, run dir)."""
+def _run_killing(cfg, kills: list[tuple[str, str | None]]) -> tuple[object, dict[str, float], Path, list[str]]:
+    """Train ``cfg`` in a thread; after step k (k = 1, 2, ...) is logged, kill -9 the k-th
+    victim: an actor of class ``title`` (with ``role``, the first actor of that role in
+    placement.json), waiting for a new process of that class and the next logged step before
+    the next kill. Returns (run result, seconds from each kill to the next logged step, run
+    dir, the driver's stage messages)."""
     from cluster.driver import train
 
     run_dir = Path(cfg.output_dir) / cfg.name
     out: dict[str, object] = {}
     stages: list[str] = []
+    recovery: dict[str, float] = {}
     thread = threading.Thread(target=lambda: out.update(result=train(cfg, on_stage=stages.append)))
     thread.start()
     try:
-        _wait(lambda: _steps_logged(run_dir) >= after_step or not thread.is_alive(), 300, f"step {after_step}")
-        assert thread.is_alive(), "the run ended before the kill (its error is in the log above)"
-        before = _actor_pids(title)
-        assert before, f"no ray::{title} process to kill"
-        victim = json.loads((run_dir / "placement.json").read_text())[role][0]["pid"] if role else before[0]
-        assert victim in before
-        killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
-        os.kill(victim, signal.SIGKILL)
-        _wait(lambda: any(p not in before for p in _actor_pids(title)), 120, f"{title} to restart")
-        _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
-        recovered = time.monotonic() - t_kill
+        for step, (title, role) in enumerate(kills, start=1):
+            _wait(lambda: _steps_logged(run_dir) >= step or not thread.is_alive(), 300, f"step {step}")
+            assert thread.is_alive(), f"the run ended before killing {title} (its error is in the log above)"
+            before = _actor_pids(title)
+            assert before, f"no ray::{title} process to kill"
+            victim = json.loads((run_dir / "placement.json").read_text())[role][0]["pid"] if role else before[0]
+            assert victim in before
+            killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            _wait(lambda: any(p not in before for p in _actor_pids(title)), 120, f"{title} to restart")
+            _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
+            recovery[title] = time.monotonic() - t_kill
     finally:
         thread.join(timeout=600)
     assert "result" in out, "the run raised (its error is in the log above)"
-    print("".join(f"\n  {s}" for s in stages if "restarted" in s))
-    return out["result"], recovered, run_dir
+    return out["result"], recovery, run_dir, stages
 
 
 def _trained_once(run_dir: Path, steps: int) -> list[str]:
@@ -82,74 +85,43 @@ def _config(tiny_run_config, tmp_path, name: str, extra: list[str]):
                             "progress=none", "learner.num_cpus=0.5", *extra])
 
 
-def test_a_killed_scorer_comes_back_and_the_run_finishes(tiny_run_config, tiny_policy, ray_cluster,
+def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_policy, ray_cluster,
                                                          tmp_path) -> None:
-    cfg = _config(tiny_run_config, tmp_path, "scorer", ["rewards.ig={}", "learner.estimator.type=igpo",
-                                                        "rewards.service.scorer_num_cpus=0.2"])
-    result, back, run_dir = _run_killing(cfg, "ModelScorer")
-    print(f"scorer killed: next step {back:.1f}s later")
-    assert result.steps == 4
-    _trained_once(run_dir, 4)
+    """One run with every restartable component (IG scorer, environment actor, two rollout
+    actors, checkpoints every step), killed one after another, a step apart:
 
+    - the scorer's in-flight batch gets missing rewards (handled by ``rewards.on_missing``);
+    - the environment actor's open episodes end with an error;
+    - the reward front's groups are dropped by their producers (``rollout/dropped_groups``),
+      their reservations released;
+    - rollout actor 0's reservations come back through replay's ledger, its in-flight groups
+      counted lost (``rollout/lost_groups``);
+    - the learner restarts from its step checkpoint inside the run, versions moving forward.
 
-def test_a_killed_environment_actor_fails_its_episodes_only(tiny_run_config, tiny_policy, ray_cluster,
-                                                            tmp_path) -> None:
-    cfg = _config(tiny_run_config, tmp_path, "envhost", ["rollout.env_actors.count=1",
-                                                         "rollout.env_actors.num_cpus=0.1"])
-    result, back, run_dir = _run_killing(cfg, "EnvHost")
-    print(f"environment actor killed: next step {back:.1f}s later")
-    assert result.steps == 4
-    _trained_once(run_dir, 4)
-
-
-def test_a_killed_learner_restarts_from_its_checkpoint_inside_the_run(tiny_run_config, tiny_policy, ray_cluster,
-                                                                       tmp_path) -> None:
-    # Checkpoints every step; the learner is killed once step 2 is logged, so at most the step
-    # it was in is lost: replay delivers that step's groups again and the log (cut back to the
-    # checkpoint) lists every trained group once.
-    cfg = _config(tiny_run_config, tmp_path, "learner", ["learner.checkpoint_every=1"])
-    result, back, run_dir = _run_killing(cfg, "LearnerWorker", after_step=2)
-    print(f"learner killed: next step {back:.1f}s later")
-    assert result.steps == 4 and not result.interrupted
-    _trained_once(run_dir, 4)
+    The run trains all its steps, and no group twice."""
+    steps = 7
+    cfg = _config(tiny_run_config, tmp_path, "survive", [
+        f"train.steps={steps}", "rewards.ig={}", "learner.estimator.type=igpo", "rewards.service.scorer_num_cpus=0.2",
+        "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
+        "rollout.num_cpus=0.1", "learner.checkpoint_every=1"])
+    kills = [("ModelScorer", None), ("EnvHost", None), ("RewardService", None), ("RolloutWorker", "rollout"),
+             ("LearnerWorker", None)]
+    result, recovery, run_dir, stages = _run_killing(cfg, kills)
+    print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
+    for title, secs in recovery.items():
+        print(f"  kill -9 {title}: next step {secs:.1f}s later")
+    assert result.steps == steps and not result.interrupted
+    _trained_once(run_dir, steps)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     versions = [r["version"] for r in rows]
-    assert versions == sorted(set(versions)), "versions only move forward across the restart"
-    assert json.loads((run_dir / "state.json").read_text())["step"] == 4
-
-
-def test_a_killed_reward_front_comes_back_and_its_groups_are_counted(tiny_run_config, tiny_policy, ray_cluster,
-                                                                      tmp_path) -> None:
-    # The front held whatever groups it was scoring or putting: their producers count them
-    # dropped (rollout/dropped_groups) and give their reservations back, so admission keeps
-    # granting and the run trains its 4 steps on groups that did reach replay.
-    cfg = _config(tiny_run_config, tmp_path, "front", [])
-    result, back, run_dir = _run_killing(cfg, "RewardService")
-    print(f"reward front killed: next step {back:.1f}s later")
-    assert result.steps == 4
-    _trained_once(run_dir, 4)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    dropped = rows[-1]["rollout/dropped_groups"]
-    print(f"  groups dropped with the front: {dropped:.0f}")
-    assert dropped >= 0 and rows[-1]["replay/running"] <= cfg.rollout.groups_in_flight  # no leaked slots
-
-
-def test_a_killed_rollout_actor_restarts_and_its_reservations_come_back(tiny_run_config, tiny_policy,
-                                                                        ray_cluster, tmp_path) -> None:
-    # Two rollout actors; one dies with groups in flight. Replay's ledger gives back exactly
-    # the reservations it held (rollout/lost_groups counts them), Ray restarts it and the
-    # driver starts its loop again; the run trains its 4 steps, no group twice.
-    cfg = _config(tiny_run_config, tmp_path, "rollout", ["rollout.num_workers=2", "rollout.num_cpus=0.1"])
-    result, back, run_dir = _run_killing(cfg, "RolloutWorker", role="rollout")  # worker 0: admitted first
-    print(f"rollout actor killed: next step {back:.1f}s later")
-    assert result.steps == 4
-    _trained_once(run_dir, 4)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    lost = rows[-1]["rollout/lost_groups"]
-    print(f"  groups lost with the actor: {lost:.0f}; running per step {[r['replay/running'] for r in rows]}")
-    assert 0 <= lost <= cfg.rollout.groups_in_flight
-    assert rows[-1]["replay/running"] <= 2 * cfg.rollout.groups_in_flight  # no leaked reservations
+    assert versions == sorted(set(versions)), "versions only move forward across the learner's restart"
+    last = rows[-1]
+    print(f"  dropped with the reward front: {last['rollout/dropped_groups']:.0f}; lost with rollout actor 0: "
+          f"{last['rollout/lost_groups']:.0f}; reservations held at the end: {last['replay/running']:.0f}")
+    assert last["replay/running"] <= 2 * cfg.rollout.groups_in_flight  # nothing leaked
+    assert any("learner rank 0 died" in s and "restarted from step" in s for s in stages)
+    assert any("rollout worker 0 died" in s for s in stages)
 
 
 def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
