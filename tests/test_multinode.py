@@ -85,25 +85,3 @@ def test_rollout_actors_run_on_the_node_with_their_resource(two_nodes, tiny_poli
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2] and all(r["samples"] == 4 for r in rows)
     assert json.loads((run_dir / "result.json").read_text())["steps"] == 2
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_actor_groups_run_on_their_cores(tiny_run_config, tiny_policy, ray_cluster, tmp_path) -> None:
-    """cpu_affinity gives generation and training disjoint cores: every thread of the engine
-    and rollout processes on core 0, of the learner on core 1 (placement.json reads them back
-    from inside each actor); a core the node lacks is refused, naming the key."""
-    from cluster.driver import train
-
-    base = [f"output_dir={tmp_path}", "train.steps=1", "rollout.group_size=2", "learner.batch_groups=2",
-            "rollout.max_new_tokens=32", "eval.num_tasks=0", "progress=none", "learner.num_cpus=0.5"]
-    cfg = tiny_run_config([*base, "name=cores", "rollout.engine.cpu_affinity=[0]", "rollout.cpu_affinity=[0]",
-                           "learner.cpu_affinity=[1]"])
-    result = train(cfg, on_stage=lambda s: None)
-    assert result.steps == 1
-    placement = json.loads((result.run_dir / "placement.json").read_text())
-    assert [a["cpus"] for a in placement["engine"] + placement["rollout"]] == [[0], [0]]
-    assert [a["cpus"] for a in placement["learner"]] == [[1]]
-    assert placement["replay"][0]["cpus"] == sorted(os.sched_getaffinity(0))  # unpinned
-    bad = tiny_run_config([*base, "name=badcores", f"learner.cpu_affinity=[{os.cpu_count()}]"])
-    with pytest.raises(Exception, match=rf"learner\.cpu_affinity=\[{os.cpu_count()}\]: this node's cores are"):
-        train(bad, on_stage=lambda s: None)

@@ -1,10 +1,12 @@
 """cluster.storage: folders through an fsspec URL. A run's policy, checkpoints and state go
-to storage; a resume on a node without the run directory continues from storage alone."""
+to storage; a resume on a node without the run directory continues from storage alone. The
+same run pins generation and training to disjoint cores (``cpu_affinity``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -57,8 +59,17 @@ def test_a_run_resumes_from_storage_alone(tiny_run_config, tiny_policy, ray_clus
     overrides = [f"output_dir={tmp_path}/runs", "name=stored", f"cluster.storage={store_url}",
                  "rollout.group_size=2", "learner.batch_groups=2", "rollout.max_new_tokens=32",
                  "eval.num_tasks=0", "progress=none", "learner.checkpoint_every=1"]
-    first = train(tiny_run_config([*overrides, "train.steps=2"]), on_stage=lambda s: None)
+    # this run also gives generation and training disjoint cores (cpu_affinity), when there are two
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    cores = ["rollout.engine.cpu_affinity=[0]", "rollout.cpu_affinity=[0]", "learner.cpu_affinity=[1]"]
+    first = train(tiny_run_config([*overrides, "train.steps=2", *(cores if two_cores else [])]),
+                  on_stage=lambda s: None)
     assert first.steps == 2 and first.checkpoint == f"{store_url}/runs/stored/checkpoints/step_000002"
+    if two_cores:  # every thread of each pinned process, read back from inside the actor
+        placement = json.loads((tmp_path / "runs" / "stored" / "placement.json").read_text())
+        assert [a["cpus"] for a in placement["engine"] + placement["rollout"]] == [[0], [0]]
+        assert [a["cpus"] for a in placement["learner"]] == [[1]]
+        assert placement["replay"][0]["cpus"] == sorted(os.sched_getaffinity(0))  # unpinned
     stored = tmp_path / "store" / "runs" / "stored"
     assert json.loads((stored / "state.json").read_text())["step"] == 2
     assert (stored / "checkpoints" / "step_000002" / "model.safetensors").exists()
@@ -79,3 +90,12 @@ def test_a_run_resumes_from_storage_alone(tiny_run_config, tiny_policy, ray_clus
     ids = [g for t in trained for g in t["group_ids"]]
     assert [t["step"] for t in trained] == [1, 2, 3] and len(ids) == len(set(ids)) == 6
     shutil.rmtree(node_cache, ignore_errors=True)
+
+
+def test_a_core_the_node_lacks_is_refused(tiny_run_config, tiny_policy, ray_cluster, tmp_path) -> None:
+    from cluster.driver import train
+
+    bad = tiny_run_config([f"output_dir={tmp_path}", "name=badcores", "eval.num_tasks=0", "progress=none",
+                           "rollout.group_size=2", "learner.batch_groups=2", f"learner.cpu_affinity=[{os.cpu_count()}]"])
+    with pytest.raises(Exception, match=rf"learner\.cpu_affinity=\[{os.cpu_count()}\]: this node's cores are"):
+        train(bad, on_stage=lambda s: None)
