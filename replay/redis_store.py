@@ -29,9 +29,10 @@ second reader. Each operation is one Lua script, so reserve/put/claim/ack/recove
 with respect to concurrent producers and the counters they update, and every key of a run sits
 in one Redis Cluster slot (the braces are a hash tag).
 
-Payloads (~1 MB) never pass through Lua, which would copy them twice: ``put`` SETs the bytes
+Payloads (~0.5 MB) never pass through Lua, which would copy them twice: ``put`` SETs the bytes
 under a fresh staging key and runs the script in the same MULTI/EXEC, and the script RENAMEs
-the staging key to ``P g:<id>`` or UNLINKs it; ``claim`` returns ids and the client MGETs them.
+the staging key to ``P g:<id>`` or UNLINKs it; ``claim`` returns ids and the client MGETs them,
+each read off the socket straight into a buffer of its own (replay/redis_reads.py).
 
 The admission and staleness rules are those of ``replay.admission``, transcribed in ``_RULES``
 because they must run inside the scripts to be atomic; tests/test_replay_redis.py checks the
@@ -65,6 +66,7 @@ from redis.retry import Retry
 from replay import codec
 from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
 from replay.config import ReplayConfig
+from replay.redis_reads import bulk_parser_kwargs
 from replay.redis_scripts import KEY_NAMES, SCRIPTS
 from replay.redis_server import RedisServer, ensure_embedded
 from rollout.trajectory import Group
@@ -130,6 +132,7 @@ def connect(url: str, cfg: ReplayConfig) -> redis.Redis:
             raise ValueError(f"replay.password_env names ${cfg.password_env}, which is not set")
         kwargs["password"] = os.environ[cfg.password_env]
     try:
+        kwargs |= bulk_parser_kwargs(url, kwargs)  # claims read payloads without copies
         client = redis.Redis.from_url(url, **kwargs)
         client.ping()
     except (redis.exceptions.RedisError, OSError, ValueError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 import zlib
 
 import pytest
@@ -240,6 +241,10 @@ def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
     outs = _run(client.generate_n(PROMPT, params, request_id="x"))
     assert [c.request_id for c in outs] == ["x-0", "x-1", "x-2"] and all(len(c.token_ids) == 8 for c in outs)
     if kind == "hf":  # vLLM schedules continuously: it has no batches to count
+        # the batch is counted after its completions are handed out: wait for the count to land
+        deadline = time.monotonic() + 5
+        while client.engine.stats()["batches"] == before["batches"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         after = client.engine.stats()
         assert after["batches"] - before["batches"] == 1 and after["rows"] - before["rows"] == 3
 

@@ -49,6 +49,44 @@ def full_group(lowest: float = -math.inf) -> Group:
     return Group(group_id="g-é", task_id="task-✓", trajectories=trajs)
 
 
+V1_HEADER = MAGIC + b"\x01"
+
+
+def v1_tree(group: Group) -> dict:
+    """The map a format-1 record held, as the previous build wrote it: each numeric field its
+    own packed array (type byte, values little-endian; int32, int64 past that, a plain list
+    past int64; float64)."""
+    def ints(values: list[int]) -> bytes | list[int]:
+        for code, fmt in ((1, "i"), (2, "q")):
+            try:
+                return bytes([code]) + struct.pack(f"<{len(values)}{fmt}", *values)
+            except struct.error:
+                continue
+        return values
+
+    tree = group.model_dump()
+    for traj in tree["trajectories"]:
+        traj["prompt_ids"] = ints(traj["prompt_ids"])
+        for turn in traj["turns"]:
+            turn["action_ids"], turn["observation_ids"] = ints(turn["action_ids"]), ints(turn["observation_ids"])
+            turn["action_logprobs"] = b"\x03" + struct.pack(f"<{len(turn['action_logprobs'])}d",
+                                                            *turn["action_logprobs"])
+    return tree
+
+
+def head_of(record: bytes) -> list:
+    """A format-2 record's head: [int type, int count, float type, float count, tree]."""
+    (size,) = struct.unpack_from("<I", record, len(HEADER))
+    start = len(HEADER) + 4
+    return msgpack.unpackb(record[start:start + size], strict_map_key=False)
+
+
+def with_ids(ids: list[int]) -> Group:
+    traj = Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=[5, 6],
+                      turns=[Turn(action_ids=ids, action_logprobs=[-1.0] * len(ids), policy_version=0)])
+    return Group(group_id="g", task_id="t", trajectories=[traj])
+
+
 def test_every_field_round_trips_exactly() -> None:
     group = full_group()
     back = decode_group(encode_group(group))
@@ -126,19 +164,95 @@ def test_a_newer_format_or_garbage_is_refused_clearly() -> None:
         decode_group(b"\x00garbage")
     tree = {"group_id": "g", "task_id": "t", "trajectories": [
         {"trajectory_id": "t", "task_id": "t", "group_id": "g", "prompt_ids": b"\x09abcd"}]}
-    with pytest.raises(ValueError, match="array of type"):
-        decode_group(HEADER + msgpack.packb(tree))
+    with pytest.raises(ValueError, match="array of type 9"):
+        decode_group(V1_HEADER + msgpack.packb(tree))
 
 
-def test_a_record_missing_a_newer_field_gets_its_default() -> None:
+def test_a_corrupt_record_is_refused_not_misread() -> None:
+    record = encode_group(full_group())
+    with pytest.raises(ValueError, match="corrupt replay record"):
+        decode_group(record[:-8])  # one float short
+    int_code, n_ints, float_code, n_floats, tree = head_of(record)
+    tree["trajectories"][0]["prompt_ids"] -= 1  # the fields take one id fewer than held
+    columns = record[len(HEADER) + 4 + struct.unpack_from("<I", record, len(HEADER))[0]:]
+    head = msgpack.packb([int_code, n_ints, float_code, n_floats, tree])
+    with pytest.raises(ValueError, match="take 25 ints but the record holds 26"):
+        decode_group(HEADER + struct.pack("<I", len(head)) + head + columns)
+    head = msgpack.packb([7, n_ints, float_code, n_floats, head_of(record)[4]])
+    with pytest.raises(ValueError, match="array of type 7"):
+        decode_group(HEADER + struct.pack("<I", len(head)) + head + columns)
+
+
+def test_columns_hold_every_number_in_tree_order() -> None:
+    group = full_group()
+    record = encode_group(group)
+    int_code, n_ints, float_code, n_floats, tree = head_of(record)
+    trajs = group.trajectories
+    ids = [x for t in trajs for x in t.prompt_ids
+           + [y for u in t.turns for y in u.action_ids + u.observation_ids]]
+    lps = [x for t in trajs for u in t.turns for x in u.action_logprobs]
+    assert (int_code, n_ints, float_code, n_floats) == (1, len(ids), 3, len(lps))  # int32 ids
+    first = tree["trajectories"][0]
+    assert (first["prompt_ids"], first["turns"][0]["action_ids"], first["turns"][0]["action_logprobs"]) == (6, 4, 4)
+    start = len(record) - 4 * n_ints - 8 * n_floats
+    assert list(struct.unpack_from(f"<{n_ints}i", record, start)) == ids
+    assert list(struct.unpack_from(f"<{n_floats}d", record, start + 4 * n_ints)) == lps
+
+
+@pytest.mark.parametrize("ids, int_code, plain", [
+    ([2**31 - 1, -(2**31)], 1, False),  # int32 holds them
+    ([2**31, -1], 2, False),  # one id past int32: the whole int column is int64
+    ([2**63 - 1, -(2**63)], 2, False),
+    ([2**63, 3], 1, True),  # past int64 (msgpack holds it): a plain list; the rest fit int32
+])
+def test_int_column_widens_and_falls_back_per_field(ids: list[int], int_code: int, plain: bool) -> None:
+    group = with_ids(ids)
+    record = encode_group(group)
+    head = head_of(record)
+    assert head[0] == int_code
+    action_ids = head[4]["trajectories"][0]["turns"][0]["action_ids"]
+    assert action_ids == (ids if plain else len(ids))
+    assert head[1] == 2 + (0 if plain else len(ids))  # prompt_ids [5, 6] are always in the column
+    back = decode_group(record)
+    assert back == group and back.trajectories[0].turns[0].action_ids == ids
+
+
+def test_a_group_without_numbers_round_trips() -> None:
+    empty = Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=[])
+    group = Group(group_id="g", task_id="t", trajectories=[empty])
+    record = encode_group(group)
+    assert head_of(record)[:4] == [1, 0, 3, 0] and decode_group(record) == group
+
+
+def test_format_1_records_still_decode() -> None:
+    """Records the previous build wrote (held in Redis across the upgrade) read as before."""
+    for group in (full_group(), with_ids([2**40, -1]), with_ids([2**63, 1])):
+        record = V1_HEADER + msgpack.packb(v1_tree(group))
+        assert decode_group(record) == group
+        assert decode_group(zlib.compress(record, 1)) == group
+        assert decode_group(bytearray(record)) == group
+
+
+def test_a_store_read_bytearray_decodes() -> None:
+    # The Redis store reads long payloads into bytearrays (replay/redis_reads.py).
+    group = full_group()
+    assert decode_group(bytearray(encode_group(group))) == group
+    assert decode_groups([bytearray(zlib.compress(encode_group(group), 1))]) == [group]
+
+
+@pytest.mark.parametrize("writer", ["columns", "format 1"])
+def test_a_record_missing_a_newer_field_gets_its_default(writer: str) -> None:
     # A record written before a field existed: the field takes its default.
     group = full_group()
-    tree = codec._tree(group)
+    columns = codec._Columns(checked=False)
+    tree = codec._tree(group, columns) if writer == "columns" else v1_tree(group)
     for traj in tree["trajectories"]:
         del traj["metadata"]
         for turn in traj["turns"]:
             del turn["context_start"]
-    back = decode_group(HEADER + msgpack.packb(tree, default=codec._jsonable))
+    record = (codec._assemble(tree, columns) if writer == "columns"
+              else V1_HEADER + msgpack.packb(tree))
+    back = decode_group(record)
     assert back.trajectories[0].metadata == {} and back.trajectories[0].turns[1].context_start == 0
     assert back.trajectories[0].turns[0] == group.trajectories[0].turns[0]
 
