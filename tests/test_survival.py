@@ -87,8 +87,8 @@ def _config(tiny_run_config, tmp_path, name: str, extra: list[str]):
 
 def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_policy, ray_cluster,
                                                          tmp_path) -> None:
-    """One run with every restartable component (IG scorer, environment actor, two rollout
-    actors, checkpoints every step), killed one after another, a step apart:
+    """One run with Redis replay and every restartable component (IG scorer, environment
+    actor, two rollout actors, checkpoints every step), killed one after another, a step apart:
 
     - the scorer's in-flight batch gets missing rewards (handled by ``rewards.on_missing``);
     - the environment actor's open episodes end with an error;
@@ -103,7 +103,7 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     cfg = _config(tiny_run_config, tmp_path, "survive", [
         f"train.steps={steps}", "rewards.ig={}", "learner.estimator.type=igpo", "rewards.service.scorer_num_cpus=0.2",
         "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
-        "rollout.num_cpus=0.1", "learner.checkpoint_every=1"])
+        "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
     kills = [("ModelScorer", None), ("EnvHost", None), ("RewardService", None), ("RolloutWorker", "rollout"),
              ("LearnerWorker", None)]
     result, recovery, run_dir, stages = _run_killing(cfg, kills)
