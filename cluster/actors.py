@@ -48,8 +48,8 @@ def check_resources(cfg: RunConfig) -> None:
     """Fail fast, naming the keys, when the cluster has fewer CPUs than the run's actors ask."""
     import ray
 
-    need = run_cpus(cfg)
-    have = ray.cluster_resources().get("CPU", 0)
+    need, res = run_cpus(cfg), ray.cluster_resources()
+    have = res.get("CPU", 0)
     if need > have + 1e-9:
         raise RuntimeError(
             f"the run needs {need:g} Ray CPUs (rollout.num_workers x rollout.num_cpus + "
@@ -59,15 +59,15 @@ def check_resources(cfg: RunConfig) -> None:
             f"{have:g}; lower them (fractions are fine) or add nodes"
         )
     for name, (need_r, keys) in custom_resources(cfg).items():
-        if need_r > ray.cluster_resources().get(name, 0) + 1e-9:
+        if need_r > res.get(name, 0) + 1e-9:
             raise RuntimeError(f"the run reserves {need_r:g} of the custom resource {name!r} ({', '.join(keys)}) but "
-                               f"the cluster's nodes advertise {ray.cluster_resources().get(name, 0):g}; start "
+                               f"the cluster's nodes advertise {res.get(name, 0):g}; start "
                                f"nodes with `ray start --resources '{{\"{name}\": N}}'` or change those keys")
     gpus = cfg.rollout.engine.count * cfg.rollout.engine.num_gpus + cfg.learner.world_size * cfg.learner.num_gpus
-    if gpus > ray.cluster_resources().get("GPU", 0) + 1e-9:
+    if gpus > res.get("GPU", 0) + 1e-9:
         raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus + "
                            f"learner.world_size x learner.num_gpus) but the cluster has "
-                           f"{ray.cluster_resources().get('GPU', 0):g}")
+                           f"{res.get('GPU', 0):g}")
 
 
 def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:

@@ -46,9 +46,9 @@ def fetch_checkpoint(store: RunStorage, run_dir: Path) -> dict[str, Any] | None:
     for key in (f"checkpoints/{tag}", f"ds_checkpoint/{tag}"):
         _get_dir_once(store, key, run_dir / key)
     if store.exists("trained_groups.jsonl"):
-        _atomic_write(run_dir / "trained_groups.jsonl", store.read_text("trained_groups.jsonl"))
+        atomic_write(run_dir / "trained_groups.jsonl", store.read_text("trained_groups.jsonl"))
     state["hf_path"] = str(run_dir / "checkpoints" / tag)
-    _atomic_write(run_dir / "state.json", json.dumps(state, indent=2))
+    atomic_write(run_dir / "state.json", json.dumps(state, indent=2))
     return state
 
 
@@ -65,7 +65,8 @@ def _get_dir_once(store: RunStorage, key: str, local: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Readers (a resume, a rank on the same node) see the old file or the new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)

@@ -34,7 +34,7 @@ import torch
 from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
-from learner.checkpoints import commit_run_state, fetch_checkpoint, upload_checkpoint
+from learner.checkpoints import atomic_write, commit_run_state, fetch_checkpoint, upload_checkpoint
 from learner.batching import TokenBatch, build_token_batch, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
@@ -364,7 +364,7 @@ class LearnerWorker:
         merged: dict[str, float] = {}
         for part in every:
             for k, v in part.items():
-                merged[k] = _accumulate(k, merged.get(k), v, 1.0) if k in merged else v
+                merged[k] = _accumulate(k, merged.get(k), v, 1.0)
         return merged
 
     def _tb_rows(self, trajs: list[Trajectory], tb: TokenBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -441,9 +441,7 @@ class LearnerWorker:
             return str(path)
         state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
                  "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.live_state.items()}}
-        tmp = self.run_dir / "state.json.tmp"
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(self.run_dir / "state.json")
+        atomic_write(self.run_dir / "state.json", json.dumps(state, indent=2))
         if self.store is not None:
             commit_run_state(self.store, self.run_dir)
         self.ports.commit(self.version)  # only now is this version's update durable
