@@ -10,24 +10,34 @@ learner, rollout actors, a restarted learner) finds the live server through that
 of starting a second one; only the process that started it stops it. A server left behind by a
 crashed driver is reused on resume, and one that died is restarted on the same data, so its
 append-only file is replayed.
+
+While a run lives, its starter also watches the server (``RedisServer.watch``): one killed or
+crashed mid-run is started again on the same port and data directory, so the append-only file
+is replayed and the run's clients, which re-send their commands for ``replay.retry_s``
+(replay/redis_store.py), carry on. This is the embedded stand-in for what a StatefulSet or
+systemd does for a production server.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
+from urllib.parse import urlsplit
 
 import redis
 
+_log = logging.getLogger(__name__)
 APT_PACKAGE = "redis-server"
 FsyncPolicy = Literal["always", "everysec", "no"]
 
@@ -73,6 +83,10 @@ class RedisServer:
         self.password = password
         self.binary = binary
         self._proc: subprocess.Popen[bytes] | None = None
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.restarts = 0
+        """Times ``watch`` found the server dead and started it again."""
 
     @property
     def url(self) -> str:
@@ -145,8 +159,39 @@ class RedisServer:
         log = self.data_dir / "redis.log"
         return " | ".join(log.read_text().splitlines()[-n:]) if log.exists() else "(no log)"
 
+    def watch(self, restart: Callable[["RedisServer"], object] | None = None,
+              poll_s: float = 0.1) -> None:
+        """From now until ``stop``, start the server again whenever its process exits (same
+        port and data, so its append-only file is replayed); ``restart(server)`` does the
+        starting when given (to hold a lock or record the new PID around ``start``)."""
+        if self._watcher is None:
+            self._stopping.clear()
+            self._watcher = threading.Thread(target=self._watch, args=(restart or RedisServer.start, poll_s),
+                                             name="redis-server-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self, restart: Callable[["RedisServer"], object], poll_s: float) -> None:
+        while not self._stopping.wait(poll_s):
+            proc = self._proc
+            if proc is None or proc.poll() is None:
+                continue
+            exited = proc.returncode
+            self.restarts += 1
+            try:
+                restart(self)
+            except RuntimeError as exc:  # e.g. another process took the port: clients will fail
+                _log.error("redis-server (port %s) exited with %s and could not be restarted: %s",
+                           self.port, exited, exc)
+                return
+            _log.warning("redis-server (port %s) exited with %s: restarted from %s (restart %d)",
+                         self.port, exited, self.data_dir, self.restarts)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (a clean shutdown flushes the append-only file), then SIGKILL if needed."""
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        self._watcher = None
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
@@ -215,9 +260,37 @@ def ensure_embedded(
         url = _live_url(data_dir)
         if url is not None:
             return url, None
-        server = RedisServer(data_dir, appendonly=appendonly, appendfsync=appendfsync,
-                             binary=binary).start()
-        tmp = data_dir / "server.json.tmp"
-        tmp.write_text(json.dumps({"pid": server.pid, "url": server.url}))
-        tmp.replace(data_dir / "server.json")
+        kwargs: dict[str, Any] = {"appendonly": appendonly, "appendfsync": appendfsync, "binary": binary}
+        try:
+            server = RedisServer(data_dir, _last_port(data_dir), **kwargs).start()
+        except RuntimeError:  # that port is taken now: any free one
+            server = RedisServer(data_dir, **kwargs).start()
+        _record(server)
+        server.watch(_restart_embedded)
         return server.url, server
+
+
+def _record(server: RedisServer) -> None:
+    """``server.json``: where the run's other processes find the live server."""
+    tmp = server.data_dir / "server.json.tmp"
+    tmp.write_text(json.dumps({"pid": server.pid, "url": server.url}))
+    tmp.replace(server.data_dir / "server.json")
+
+
+def _restart_embedded(server: RedisServer) -> None:
+    # Under the start-up lock: a process that opened the store meanwhile may have restarted it
+    # (on the same port, see ensure_embedded), and two servers must never share one data dir.
+    with _locked(server.data_dir / "start.lock"):
+        if _live_url(server.data_dir) is not None:
+            raise RuntimeError("another process restarted it; it watches it now")
+        server.start()
+        _record(server)
+
+
+def _last_port(data_dir: Path) -> int | None:
+    """The port a dead server of this data directory listened on: restarting on it keeps
+    the URL every client of the run already holds."""
+    try:
+        return int(urlsplit(json.loads((data_dir / "server.json").read_text())["url"]).port)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

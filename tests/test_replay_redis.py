@@ -7,6 +7,7 @@ when it is not installed, except those about failing without one.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -104,10 +105,37 @@ def test_embedded_restarts_a_dead_server_on_its_data(tmp_path: Path) -> None:
     second = RedisReplayStore(cfg, 2, run_dir=tmp_path, run_id="r")
     try:
         assert second.server is not None and second.server.pid != dead_pid
+        assert second.url == first.url  # the same port: clients holding the URL reconnect
         assert second.stats().accepted == 1 and second.claim(1).groups[0].group_id == "a"
     finally:
         first.close()
         second.close()
+
+
+@requires_redis
+def test_embedded_server_killed_mid_run_is_restarted_and_calls_go_through(tmp_path: Path) -> None:
+    """kill -9 of the embedded redis-server: its starter starts it again on the same port from
+    its append-only file, and a call made meanwhile (from another client of the run) waits for
+    it instead of failing; nothing acknowledged is lost."""
+    cfg = ReplayConfig(type="redis", url="embedded", appendfsync="always")
+    owner = RedisReplayStore(cfg, 2, run_dir=tmp_path, run_id="r")
+    other = pickle.loads(pickle.dumps(owner))
+    try:
+        owner.put(make_group("a"))
+        claim = other.claim(1)
+        dead_pid = owner.server.pid
+        os.kill(dead_pid, signal.SIGKILL)
+        assert other.put(make_group("b")).accepted
+        other.ack(claim.claim_id, 1)
+        recorded = json.loads((tmp_path / "redis" / "server.json").read_text())
+        assert owner.server.restarts == 1 and recorded == {"pid": owner.server.pid, "url": owner.url}
+        assert recorded["pid"] != dead_pid
+        s = owner.stats()
+        assert (s.accepted, s.trained, s.ready) == (2, 1, 1)
+    finally:
+        other.close()
+        owner.close()
+    assert owner.server is None
 
 
 def test_embedded_without_binary_names_the_apt_package(tmp_path: Path) -> None:

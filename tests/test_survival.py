@@ -10,7 +10,9 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -38,12 +40,36 @@ def _steps_logged(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _run_killing(cfg, kills: list[tuple[str, str | None]]) -> tuple[object, dict[str, float], Path, list[str]]:
+@dataclass
+class Victim:
+    """What to kill -9: ``pids()`` lists the live processes of its kind (a new one appearing
+    means it was restarted), ``pick(run_dir)`` the one to kill (default: the first)."""
+
+    name: str
+    pids: Callable[[], list[int]]
+    pick: Callable[[Path], int] | None = None
+
+
+def actor(title: str, role: str | None = None) -> Victim:
+    """A Ray actor of class ``title``; with ``role``, the first actor of that role in
+    placement.json."""
+    pick = (lambda d: json.loads((d / "placement.json").read_text())[role][0]["pid"]) if role else None
+    return Victim(title, lambda: _actor_pids(title), pick)
+
+
+def redis_server(run_dir: Path) -> Victim:
+    """The run's embedded redis-server, as its server.json names it."""
+    def pids() -> list[int]:
+        pid = json.loads((run_dir / "redis" / "server.json").read_text())["pid"]
+        return [pid] if psutil.pid_exists(pid) else []
+    return Victim("redis-server", pids)
+
+
+def _run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, float], Path, list[str]]:
     """Train ``cfg`` in a thread; after step k (k = 1, 2, ...) is logged, kill -9 the k-th
-    victim: an actor of class ``title`` (with ``role``, the first actor of that role in
-    placement.json), waiting for a new process of that class and the next logged step before
-    the next kill. Returns (run result, seconds from each kill to the next logged step, run
-    dir, the driver's stage messages)."""
+    victim, waiting for a new process of its kind and the next logged step before the next
+    kill. Returns (run result, seconds from each kill to the next logged step, run dir, the
+    driver's stage messages)."""
     from cluster.driver import train
 
     run_dir = Path(cfg.output_dir) / cfg.name
@@ -53,18 +79,18 @@ def _run_killing(cfg, kills: list[tuple[str, str | None]]) -> tuple[object, dict
     thread = threading.Thread(target=lambda: out.update(result=train(cfg, on_stage=stages.append)))
     thread.start()
     try:
-        for step, (title, role) in enumerate(kills, start=1):
+        for step, victim in enumerate(kills, start=1):
             _wait(lambda: _steps_logged(run_dir) >= step or not thread.is_alive(), 300, f"step {step}")
-            assert thread.is_alive(), f"the run ended before killing {title} (its error is in the log above)"
-            before = _actor_pids(title)
-            assert before, f"no ray::{title} process to kill"
-            victim = json.loads((run_dir / "placement.json").read_text())[role][0]["pid"] if role else before[0]
-            assert victim in before
+            assert thread.is_alive(), f"the run ended before killing {victim.name} (its error is in the log above)"
+            before = victim.pids()
+            assert before, f"no {victim.name} process to kill"
+            pid = victim.pick(run_dir) if victim.pick else before[0]
+            assert pid in before
             killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
-            os.kill(victim, signal.SIGKILL)
-            _wait(lambda: any(p not in before for p in _actor_pids(title)), 120, f"{title} to restart")
+            os.kill(pid, signal.SIGKILL)
+            _wait(lambda: any(p not in before for p in victim.pids()), 120, f"{victim.name} to restart")
             _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
-            recovery[title] = time.monotonic() - t_kill
+            recovery[victim.name] = time.monotonic() - t_kill
     finally:
         thread.join(timeout=600)
     assert "result" in out, "the run raised (its error is in the log above)"
@@ -96,22 +122,25 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
       their reservations released;
     - rollout actor 0's reservations come back through replay's ledger, its in-flight groups
       counted lost (``rollout/lost_groups``);
+    - redis-server is started again on its port from its append-only file (every write was
+      fsynced before its reply) while every client re-sends what it was doing;
     - the learner restarts from its step checkpoint inside the run, versions moving forward.
 
-    The run trains all its steps, and no group twice."""
-    steps = 7
+    The run trains all its steps, every group that reached replay once or still held there at
+    the end, and no group twice."""
+    steps = 8
     cfg = _config(tiny_run_config, tmp_path, "survive", [
         f"train.steps={steps}", "rewards.ig={}", "learner.estimator.type=igpo", "rewards.service.scorer_num_cpus=0.2",
         "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
         "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
-    kills = [("ModelScorer", None), ("EnvHost", None), ("RewardService", None), ("RolloutWorker", "rollout"),
-             ("LearnerWorker", None)]
+    kills = [actor("ModelScorer"), actor("EnvHost"), actor("RewardService"), actor("RolloutWorker", "rollout"),
+             redis_server(Path(cfg.output_dir) / cfg.name), actor("LearnerWorker")]
     result, recovery, run_dir, stages = _run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
     for title, secs in recovery.items():
         print(f"  kill -9 {title}: next step {secs:.1f}s later")
     assert result.steps == steps and not result.interrupted
-    _trained_once(run_dir, steps)
+    trained = _trained_once(run_dir, steps)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     versions = [r["version"] for r in rows]
@@ -122,6 +151,22 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     assert last["replay/running"] <= 2 * cfg.rollout.groups_in_flight  # nothing leaked
     assert any("learner rank 0 died" in s and "restarted from step" in s for s in stages)
     assert any("rollout worker 0 died" in s for s in stages)
+    _replay_accounts_for_every_group(cfg, run_dir, trained)
+
+
+def _replay_accounts_for_every_group(cfg, run_dir: Path, trained: list[str]) -> None:
+    """Every group replay accepted was trained once (those of trained_groups.jsonl), evicted
+    with a counted reason, or is still held there (the store is reopened from its AOF)."""
+    from replay.redis_store import RedisReplayStore
+
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    store = RedisReplayStore(cfg.replay, cfg.learner.batch_groups, run_dir=run_dir, run_id=run_id)
+    try:
+        s = store.stats()
+    finally:
+        store.close()
+    print(f"  replay: {s}")
+    assert s.accepted == len(trained) + sum(s.evicted.values()) + s.ready + s.claimed
 
 
 def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
