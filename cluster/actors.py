@@ -17,6 +17,7 @@ from typing import Any
 
 from cluster.config import RunConfig
 from cluster.learner_group import LearnerGroup, start_learner
+from storage import atomic_write
 
 _ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
 
@@ -72,8 +73,12 @@ def check_resources(cfg: RunConfig) -> None:
 
 def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:
     """Custom Ray resource -> (total the run's actors reserve, the config keys asking)."""
+    from cluster.reward_service import reward_pools
+
     ro = cfg.rollout
-    groups = [("rollout.resources", ro.num_workers, ro.resources),
+    services = 3 + sum(reward_pools(cfg)) + int(cfg.live.enabled)  # replay, broker, reward front
+    groups = [("cluster.service_resources", services, cfg.cluster.service_resources),
+              ("rollout.resources", ro.num_workers, ro.resources),
               ("rollout.engine.resources", ro.engine.count, ro.engine.resources),
               ("rollout.env_actors.resources", ro.env_actors.count, ro.env_actors.resources),
               ("learner.resources", cfg.learner.world_size, cfg.learner.resources)]
@@ -109,6 +114,8 @@ class RunActors:
     make_learner: Any = None
     """``make_learner(resume, version_floor=0)``: a new learner group like the run's (what an
     in-job restart of a dead learner uses)."""
+    run_dir: str = ""
+    run_id: str = ""
 
     def all(self) -> list[Any]:
         return [self.replay, self.broker, self.reward, *self.rollouts, *self.learner.ranks, *self.envs,
@@ -178,7 +185,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     from rollout.engines.client import RayEngineClient
     from rollout.ports import ActorEnvPort, ActorPorts
     from rollout.worker import RolloutWorker
-    from cluster.telemetry import instrument, publish_metrics_targets
+    from cluster.telemetry import instrument
 
     # Subclasses that add a Prometheus endpoint (cluster/telemetry.py); the workers stay plain.
     Replay, Rollout, Learner = (instrument(ReplayHost, "replay"), instrument(RolloutWorker, "rollout"),
@@ -186,9 +193,11 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     live_groups = cfg.train.live_groups(cfg.learner.batch_groups)
     # Admission paces the producers by the scheduled share of each batch (live groups are
     # put unscheduled and bounded on their own).
-    replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}").remote(
+    services = cfg.cluster.service_resources
+    replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
+                                        resources=services).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
-    broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
+    broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services).remote()
     engines = start_engines(cfg, str(policy_path), broker, run_id)
     client = RayEngineClient(engines, str(policy_path))
     reward = start_reward_service(cfg, replay, broker, str(policy_path), client)
@@ -212,7 +221,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         return group
 
     started = RunActors(replay, broker, reward, rollouts, LearnerGroup([]), envs, engines, client,
-                        make_learner=make_learner)
+                        make_learner=make_learner, run_dir=run_dir, run_id=run_id)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:
@@ -229,26 +238,52 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         started.release()
         raise
     record_placement(started, run_dir)
-    # Best effort: Prometheus endpoints into <run_dir>/prometheus_targets.json; never raises.
-    publish_metrics_targets([("replay", replay), ("reward", reward), *[("rollout", w) for w in rollouts],
-                             *[("engine", e) for e in engines], ("learner", learner.leader),
-                             *([("gateway", started.gateway)] if started.gateway is not None else [])],
-                            run_dir, run_id)
+    publish_targets(started, run_dir, run_id)
     return started
+
+
+def publish_targets(actors: RunActors, run_dir: str, run_id: str) -> None:
+    """Best effort: the actors' Prometheus endpoints into <run_dir>/prometheus_targets.json
+    (never raises); live actors keep their endpoint, restarted ones start a new one."""
+    from cluster.telemetry import publish_metrics_targets
+
+    publish_metrics_targets([("replay", actors.replay), ("reward", actors.reward),
+                             *[("rollout", w) for w in actors.rollouts], *[("engine", e) for e in actors.engines],
+                             ("learner", actors.learner.leader),
+                             *([("gateway", actors.gateway)] if actors.gateway is not None else [])],
+                            run_dir, run_id)
+
+
+def after_restart(cfg: RunConfig, actors: RunActors) -> None:
+    """Redo for restarted actors (new processes, maybe on another node) what ``start_actors``
+    did once: rollout ``cpu_affinity`` (the learner's is set by ``make_learner``),
+    placement.json and the Prometheus targets."""
+    pin(actors.rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
+    record_placement(actors, actors.run_dir)
+    publish_targets(actors, actors.run_dir, actors.run_id)
 
 
 def record_placement(actors: RunActors, run_dir: str) -> dict[str, list[dict[str, str]]]:
     """``<run_dir>/placement.json``: the node (id and address), process and allowed cores of
     each of the run's actors, by role, so an operator (and the tests) see where resources and
     ``cpu_affinity`` put them."""
-    import ray
 
     roles = {"replay": [actors.replay], "reward": [actors.reward], "rollout": actors.rollouts,
              "engine": actors.engines, "env": actors.envs, "learner": actors.learner.ranks}
     refs = {role: [a.__ray_call__.remote(_node_of) for a in handles] for role, handles in roles.items()}
-    placement = {role: ray.get(r) for role, r in refs.items()}
-    Path(run_dir, "placement.json").write_text(json.dumps(placement, indent=2))
+    placement = {role: [_answer(ref) for ref in r] for role, r in refs.items()}
+    atomic_write(Path(run_dir, "placement.json"), json.dumps(placement, indent=2))
     return placement
+
+
+def _answer(ref: Any) -> dict[str, Any]:
+    """An actor's answer, or ``{"node_id": None}`` while it is dead or restarting."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError:
+        return {"node_id": None}
 
 
 def _node_of(_actor: Any) -> dict[str, str]:

@@ -34,6 +34,13 @@ class ClusterConfig(BaseModel):
     """Ray CPUs for the reward actor."""
     replay_num_cpus: float = Field(0.25, gt=0)
     """Ray CPUs for the replay actor."""
+    service_resources: dict[str, float] = {}
+    """Ray custom resources each of the run's one-of-a-kind services asks for (replay host,
+    weight broker, reward front and its scorers/judges, live gateway), e.g. ``{head_node:
+    0.01}`` with ``ray start --head --resources='{"head_node": 1}'``: keeps them on a node that
+    stays while worker nodes come and go. The replay host and the broker are not restarted
+    when their node dies (the run then ends and ``--resume`` continues it). Engines, rollout,
+    environment and learner actors have their own ``resources``."""
     storage: str | None = None
     """Where the run's folders live for every node: an fsspec URL (``s3://bucket/turnrl``,
     ``gs://...``, ``file:///mnt/shared``). The policy folder is uploaded once under

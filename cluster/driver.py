@@ -33,6 +33,9 @@ class RunResult:
     interrupted: bool = False
     eval: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    replay: dict[str, Any] = field(default_factory=dict)
+    """Replay's counters at the end (``ReplayStats``): every group it accepted was trained,
+    evicted with a reason, refused or is still held."""
 
 
 class NothingToResumeError(FileNotFoundError):
@@ -192,7 +195,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             if restarts == cfg.learner.max_restarts:
                 raise RuntimeError(f"{exc}; learner.max_restarts={restarts} restarts used up") from exc
             restarts += 1
-            step = result.steps = _restart_learner(actors, monitor, str(exc), on_stage)
+            step = result.steps = _restart_learner(cfg, actors, monitor, str(exc), on_stage)
             continue
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
@@ -220,7 +223,7 @@ class RolloutReviver:
     def __call__(self, idx: int, exc: Exception) -> bool:
         import ray
 
-        from cluster.actors import producer_id
+        from cluster.actors import after_restart, producer_id
 
         if self.restarts[idx] >= self.cfg.rollout.max_restarts:
             return False
@@ -229,16 +232,19 @@ class RolloutReviver:
         lost = ray.get(self.actors.replay.release_producer.remote(producer_id(idx)))
         _wait_restarted(self.actors.rollouts[idx], self.cfg.rollout.restart_timeout_s)
         self.refs[idx] = self.actors.rollouts[idx].run.remote()
+        after_restart(self.cfg, self.actors)
         self.lost += lost
         self.on_stage(f"rollout worker {idx} died ({type(exc).__name__}): restarted in "
                       f"{time.monotonic() - t0:.1f}s; {lost} groups it had in flight lost, their reservations released")
         return True
 
 
-def _restart_learner(actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:
+def _restart_learner(cfg: RunConfig, actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:
     """Replace a dead learner inside the run, from its last checkpoint; replay delivers again
     what the lost steps trained. Returns the step training continues after."""
     import ray
+
+    from cluster.actors import after_restart
 
     t0 = time.monotonic()
     served = ray.get(actors.broker.version.remote())
@@ -248,6 +254,7 @@ def _restart_learner(actors: Any, monitor: Any, reason: str, on_stage: Callable[
     step, version = ray.get(actors.learner.leader.get_resumed_from.remote())
     requeued = ray.get(actors.replay.recover.remote(version))
     monitor.rewind(step)
+    after_restart(cfg, actors)
     on_stage(f"{reason}: restarted from step {step} (checkpoint version {version}) in "
              f"{time.monotonic() - t0:.1f}s; {requeued} groups delivered again")
     return step
@@ -298,14 +305,27 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
         _run_stages(cfg, actors, source.tasks("heldout")[: cfg.eval.num_tasks], result, on_stage)
     finally:
         _stop_gateway(actors)
+        result.replay = _final_replay_stats(actors)
         actors.release()
         (run_dir / "live.json").unlink(missing_ok=True)  # the endpoint is gone with the run
     result.timings["total_s"] = time.time() - t_start
     (run_dir / "result.json").write_text(json.dumps(
         {"steps": result.steps, "checkpoint": result.checkpoint, "interrupted": result.interrupted,
-         "eval": result.eval, "timings": result.timings}, indent=2))
+         "eval": result.eval, "timings": result.timings, "replay": result.replay}, indent=2))
     sync.push("result.json", "metrics.jsonl")
     return result
+
+
+def _final_replay_stats(actors: Any) -> dict[str, Any]:
+    """Best effort (the run may be ending because replay died): its counters, or {}."""
+    import dataclasses
+
+    import ray
+
+    try:
+        return dataclasses.asdict(ray.get(actors.replay.stats.remote(), timeout=30))
+    except Exception:  # noqa: BLE001 - an account of the end, never a reason to fail it
+        return {}
 
 
 def _stop_gateway(actors: Any) -> None:

@@ -84,7 +84,8 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
     # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
     # A run that trains on rollouts only serves and records sessions but never fills replay.
     ports = ActorLivePorts(reward, replay) if cfg.train.source != "rollout" else None
-    actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000).remote(
+    actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000,
+                                                 resources=cfg.cluster.service_resources).remote(
         cfg.live, engine_client, ports, scorable_without_feedback(cfg), run_id,
         str(Path(run_dir) / SESSIONS_FILE), judges_early(cfg))
     url = ray.get(actor.start.remote())

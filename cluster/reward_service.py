@@ -68,6 +68,18 @@ class BrokerWeights:
         return asyncio.run(handle.load())  # a scorer actor's thread has no running loop
 
 
+def reward_pools(cfg: RunConfig) -> tuple[int, int]:
+    """(model scorer actors, judge actors) the reward service starts for ``cfg``: scorers when
+    IG is scored by a model scorer (not ``rewards.ig.scorer: engine``) or the PRM is a model,
+    judges when the PRM is a judge."""
+    rc = cfg.rewards
+    ig_on_scorers = rc.ig is not None and rc.ig.scorer != "engine"
+    need_scorers = ig_on_scorers or (rc.prm is not None and rc.prm.type == "model")
+    need_judges = rc.prm is not None and rc.prm.type == "judge"
+    return (rc.service.num_scorers if need_scorers else 0,
+            rc.prm.num_workers if need_judges and rc.prm is not None else 0)
+
+
 def check_cpus(cfg: RunConfig, n_scorers: int, n_judges: int) -> None:
     """Fail, naming the keys, when the run's actors with the scorer and judge pools cannot fit:
     an actor that never fits would leave the run waiting forever."""
@@ -100,19 +112,20 @@ def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: 
     ig_on_engines = rc.ig is not None and rc.ig.scorer == "engine"
     if ig_on_engines:  # the model scorers (if any) score only the PRM
         rc = rc.model_copy(update={"ig": None})
-    need_scorers = rc.ig is not None or (rc.prm is not None and rc.prm.type == "model")
-    need_judges = rc.prm is not None and rc.prm.type == "judge"
-    check_cpus(cfg, sc.num_scorers if need_scorers else 0, rc.prm.num_workers if need_judges else 0)
+    n_scorers, n_judges = reward_pools(cfg)
+    check_cpus(cfg, n_scorers, n_judges)
     scorers, judges = [], []
-    if need_scorers:
+    if n_scorers:
         # A crashed scorer comes back (its in-flight batch is flagged missing meanwhile).
-        actor = ray.remote(ModelScorer).options(num_cpus=sc.scorer_num_cpus, max_restarts=2)
+        actor = ray.remote(ModelScorer).options(num_cpus=sc.scorer_num_cpus, max_restarts=2,
+                                                 resources=cfg.cluster.service_resources)
         scorers = [actor.remote(rc, policy_path, BrokerWeights(broker), torch_threads=sc.torch_threads)
-                   for _ in range(sc.num_scorers)]
-    if rc.prm is not None and rc.prm.type == "judge":
-        actor = ray.remote(JudgeWorker).options(num_cpus=sc.judge_num_cpus, max_restarts=2)
+                   for _ in range(n_scorers)]
+    if n_judges:
+        actor = ray.remote(JudgeWorker).options(num_cpus=sc.judge_num_cpus, max_restarts=2,
+                                                 resources=cfg.cluster.service_resources)
         judges = [actor.remote(rc.prm, policy_path, torch_threads=sc.torch_threads)
-                  for _ in range(rc.prm.num_workers)]
+                  for _ in range(n_judges)]
     # Surface a bad PRM/judge path here rather than as missing rewards in every group.
     ray.get([a.__ray_ready__.remote() for a in scorers + judges])
     ports: list[Any] = [ActorScorer(a) for a in scorers]
@@ -122,6 +135,7 @@ def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: 
     # and counted by their producers (rollout.ports.SubmitLost).
     return ray.remote(instrument(RewardService, "reward")).options(
         num_cpus=cfg.cluster.reward_num_cpus, max_concurrency=1000, max_restarts=-1,
+        resources=cfg.cluster.service_resources,
     ).remote(cfg.rewards, cfg.replay, ReplayPut(replay), ports, [ActorJudge(a) for a in judges])
 
 

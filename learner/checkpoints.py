@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from storage import RunStorage
+from storage import RunStorage, atomic_write
 
 
 def upload_checkpoint(store: RunStorage, run_dir: Path, tag: str, rank: int) -> None:
@@ -63,11 +63,3 @@ def _get_dir_once(store: RunStorage, key: str, local: Path) -> None:
         tmp.rename(local)
     except OSError:  # another rank on this node got there first
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Readers (a resume, a rank on the same node) see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

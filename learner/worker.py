@@ -34,7 +34,7 @@ import torch
 from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
-from learner.checkpoints import atomic_write, commit_run_state, fetch_checkpoint, upload_checkpoint
+from learner.checkpoints import commit_run_state, fetch_checkpoint, upload_checkpoint
 from learner.batching import TokenBatch, build_token_batch, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
@@ -44,7 +44,7 @@ from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
 from replay.base import Claim
 from replay.client import wait_claim
-from storage import RunStorage, node_copy
+from storage import RunStorage, atomic_write, node_copy
 from rollout.trajectory import Trajectory
 
 

@@ -6,6 +6,7 @@ actors that need a folder copy it to a cache on their own node (``node_copy``). 
 may import this one; it imports none of them.
 """
 
+from storage.files import atomic_write
 from storage.folders import RunStorage, is_storage_url, node_copy, upload_policy
 
-__all__ = ["RunStorage", "is_storage_url", "node_copy", "upload_policy"]
+__all__ = ["RunStorage", "atomic_write", "is_storage_url", "node_copy", "upload_policy"]

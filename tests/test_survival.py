@@ -65,17 +65,17 @@ def redis_server(run_dir: Path) -> Victim:
     return Victim("redis-server", pids)
 
 
-def _run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, float], Path, list[str]]:
+def _run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, tuple[float, float]], Path, list[str]]:
     """Train ``cfg`` in a thread; after step k (k = 1, 2, ...) is logged, kill -9 the k-th
     victim, waiting for a new process of its kind and the next logged step before the next
-    kill. Returns (run result, seconds from each kill to the next logged step, run dir, the
-    driver's stage messages)."""
+    kill. Returns (run result, seconds from each kill to a new process and to the next logged
+    step, run dir, the driver's stage messages)."""
     from cluster.driver import train
 
     run_dir = Path(cfg.output_dir) / cfg.name
     out: dict[str, object] = {}
     stages: list[str] = []
-    recovery: dict[str, float] = {}
+    recovery: dict[str, tuple[float, float]] = {}
     thread = threading.Thread(target=lambda: out.update(result=train(cfg, on_stage=stages.append)))
     thread.start()
     try:
@@ -88,9 +88,9 @@ def _run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, float], Pa
             assert pid in before
             killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
             os.kill(pid, signal.SIGKILL)
-            _wait(lambda: any(p not in before for p in victim.pids()), 120, f"{victim.name} to restart")
+            restart_s = _wait(lambda: any(p not in before for p in victim.pids()), 120, f"{victim.name} to restart")
             _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
-            recovery[victim.name] = time.monotonic() - t_kill
+            recovery[victim.name] = (restart_s, time.monotonic() - t_kill)
     finally:
         thread.join(timeout=600)
     assert "result" in out, "the run raised (its error is in the log above)"
@@ -137,8 +137,8 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
              redis_server(Path(cfg.output_dir) / cfg.name), actor("LearnerWorker")]
     result, recovery, run_dir, stages = _run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
-    for title, secs in recovery.items():
-        print(f"  kill -9 {title}: next step {secs:.1f}s later")
+    for title, (restart_s, step_s) in recovery.items():
+        print(f"  kill -9 {title}: a new process {restart_s:.1f}s later, the next step {step_s:.1f}s later")
     assert result.steps == steps and not result.interrupted
     trained = _trained_once(run_dir, steps)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
