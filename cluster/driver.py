@@ -174,7 +174,6 @@ def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> d
 
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
                 on_stage: Callable[[str], None]) -> int:
-    import ray
 
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
     rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
@@ -187,7 +186,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         step += 1
         if not cfg.train.async_:
             t0 = time.perf_counter()
-            ray.get([w.collect.remote(per_worker) for w in actors.rollouts])
+            _collect(actors.rollouts, per_worker, revive)
             gen_s = time.perf_counter() - t0
         try:
             metrics = _watch(actors.learner.call("train_step"), rollout_refs, revive)
@@ -210,10 +209,29 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     return step
 
 
+def _collect(rollouts: list[Any], per_worker: int, revive: "RolloutReviver") -> None:
+    """A sync step's generation: ``per_worker`` groups from every rollout actor; one that dies
+    is restarted by ``revive`` and asked again (what it had generated is lost and counted)."""
+    import ray
+
+    refs = {i: w.collect.remote(per_worker) for i, w in enumerate(rollouts)}
+    while refs:
+        idx, ref = next(iter(refs.items()))
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            if not revive(idx, exc):
+                raise RuntimeError(f"rollout worker {idx} died: {exc}") from exc
+            refs[idx] = rollouts[idx].collect.remote(per_worker)
+            continue
+        del refs[idx]
+
+
 class RolloutReviver:
-    """What ``_watch`` does when a rollout actor dies: give back the reservations of the
-    groups it had in flight (they are lost, and counted in ``lost``), then start its loop again
-    on the actor Ray restarts, at most ``rollout.max_restarts`` times per actor."""
+    """What ``_watch`` (async) and ``_collect`` (sync) do when a rollout actor dies: give back
+    the reservations of the groups it had in flight (they are lost, and counted in ``lost``),
+    wait for the actor Ray restarts and, in an async run, start its loop again; at most
+    ``rollout.max_restarts`` times per actor."""
 
     def __init__(self, cfg: RunConfig, actors: Any, rollout_refs: list[Any], on_stage: Callable[[str], None]):
         self.cfg, self.actors, self.refs, self.on_stage = cfg, actors, rollout_refs, on_stage
@@ -231,7 +249,8 @@ class RolloutReviver:
         t0 = time.monotonic()
         lost = ray.get(self.actors.replay.release_producer.remote(producer_id(idx)))
         _wait_restarted(self.actors.rollouts[idx], self.cfg.rollout.restart_timeout_s)
-        self.refs[idx] = self.actors.rollouts[idx].run.remote()
+        if self.refs:  # async: its generation loop; a sync step asks the actor again itself
+            self.refs[idx] = self.actors.rollouts[idx].run.remote()
         after_restart(self.cfg, self.actors)
         self.lost += lost
         self.on_stage(f"rollout worker {idx} died ({type(exc).__name__}): restarted in "

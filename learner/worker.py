@@ -128,7 +128,7 @@ class LearnerWorker:
         self._publish()
         if claim is not None:
             self.ports.ack(claim.claim_id, self.version)
-            self._log_trained(claim.claim_id, [g.group_id for g in claim.groups])
+            self._log_trained(claim)
         t3 = time.perf_counter()
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
@@ -459,10 +459,13 @@ class LearnerWorker:
         self.log_z_opt.load_state_dict(saved["opt"])
         self.task_codes = dict(saved["task_codes"])
 
-    def _log_trained(self, claim_id: str, group_ids: list[str]) -> None:
+    def _log_trained(self, claim: Claim) -> None:
+        """What this step trained, by group and trajectory id (exactly-once is checked on it)."""
         with self.trained_log.open("a") as fh:
-            fh.write(json.dumps({"step": self.step, "version": self.version, "claim_id": claim_id,
-                                 "group_ids": group_ids}) + "\n")
+            fh.write(json.dumps({"step": self.step, "version": self.version, "claim_id": claim.claim_id,
+                                 "group_ids": [g.group_id for g in claim.groups],
+                                 "trajectory_ids": [t.trajectory_id for g in claim.groups for t in g.trajectories]})
+                     + "\n")
 
     def _resume_state(self) -> dict[str, Any] | None:
         if self.store is not None:

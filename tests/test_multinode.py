@@ -21,6 +21,7 @@ import pytest
 
 from learner.deepspeed_setup import free_port
 from tests.conftest import TINY_OVERRIDES
+from tests.kills import assert_replay_accounts, trained_once
 
 pytestmark = pytest.mark.slow
 
@@ -172,9 +173,5 @@ def test_rollout_actors_run_on_their_node_and_survive_its_death(nodes, tiny_poli
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == steps
     assert "rollout worker 0 died" in stdout and "rollout worker 1 died" in stdout, stdout
-    trained = [g for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()
-               for g in json.loads(line)["group_ids"]]
-    assert len(trained) == len(set(trained)) == steps * 2
-    replay = result["replay"]  # every group that reached replay: trained once, evicted (counted) or held
-    assert replay["trained"] == len(trained)
-    assert replay["accepted"] == replay["trained"] + sum(replay["evicted"].values()) + replay["ready"] + replay["claimed"]
+    assert len(trained_once(run_dir, steps)) == steps * 2
+    assert_replay_accounts(result["replay"], trained_once(run_dir, steps))

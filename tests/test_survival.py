@@ -5,104 +5,15 @@ them: ``pytest -s tests/test_survival.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import signal
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import psutil
 import pytest
 
+from tests.kills import actor, assert_replay_accounts, redis_server, run_killing, trained_once
+
 pytestmark = pytest.mark.slow
-
-
-def _actor_pids(title: str) -> list[int]:
-    """Processes of live Ray actors of class ``title`` (Ray titles them ``ray::<Class>...``)."""
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].startswith(f"ray::{title}")]
-
-
-def _wait(predicate, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
-def _steps_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-@dataclass
-class Victim:
-    """What to kill -9: ``pids()`` lists the live processes of its kind (a new one appearing
-    means it was restarted), ``pick(run_dir)`` the one to kill (default: the first)."""
-
-    name: str
-    pids: Callable[[], list[int]]
-    pick: Callable[[Path], int] | None = None
-
-
-def actor(title: str, role: str | None = None) -> Victim:
-    """A Ray actor of class ``title``; with ``role``, the first actor of that role in
-    placement.json."""
-    pick = (lambda d: json.loads((d / "placement.json").read_text())[role][0]["pid"]) if role else None
-    return Victim(title, lambda: _actor_pids(title), pick)
-
-
-def redis_server(run_dir: Path) -> Victim:
-    """The run's embedded redis-server, as its server.json names it."""
-    def pids() -> list[int]:
-        pid = json.loads((run_dir / "redis" / "server.json").read_text())["pid"]
-        return [pid] if psutil.pid_exists(pid) else []
-    return Victim("redis-server", pids)
-
-
-def _run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, tuple[float, float]], Path, list[str]]:
-    """Train ``cfg`` in a thread; after step k (k = 1, 2, ...) is logged, kill -9 the k-th
-    victim, waiting for a new process of its kind and the next logged step before the next
-    kill. Returns (run result, seconds from each kill to a new process and to the next logged
-    step, run dir, the driver's stage messages)."""
-    from cluster.driver import train
-
-    run_dir = Path(cfg.output_dir) / cfg.name
-    out: dict[str, object] = {}
-    stages: list[str] = []
-    recovery: dict[str, tuple[float, float]] = {}
-    thread = threading.Thread(target=lambda: out.update(result=train(cfg, on_stage=stages.append)))
-    thread.start()
-    try:
-        for step, victim in enumerate(kills, start=1):
-            _wait(lambda: _steps_logged(run_dir) >= step or not thread.is_alive(), 300, f"step {step}")
-            assert thread.is_alive(), f"the run ended before killing {victim.name} (its error is in the log above)"
-            before = victim.pids()
-            assert before, f"no {victim.name} process to kill"
-            pid = victim.pick(run_dir) if victim.pick else before[0]
-            assert pid in before
-            killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            restart_s = _wait(lambda: any(p not in before for p in victim.pids()), 120, f"{victim.name} to restart")
-            _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
-            recovery[victim.name] = (restart_s, time.monotonic() - t_kill)
-    finally:
-        thread.join(timeout=600)
-    assert "result" in out, "the run raised (its error is in the log above)"
-    return out["result"], recovery, run_dir, stages
-
-
-def _trained_once(run_dir: Path, steps: int) -> list[str]:
-    trained = [json.loads(line) for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
-    ids = [g for t in trained for g in t["group_ids"]]
-    assert [t["step"] for t in trained] == list(range(1, steps + 1))
-    assert len(ids) == len(set(ids)), "a group was trained twice"
-    return ids
 
 
 def _config(tiny_run_config, tmp_path, name: str, extra: list[str]):
@@ -135,12 +46,12 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
         "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
     kills = [actor("ModelScorer"), actor("EnvHost"), actor("RewardService"), actor("RolloutWorker", "rollout"),
              redis_server(Path(cfg.output_dir) / cfg.name), actor("LearnerWorker")]
-    result, recovery, run_dir, stages = _run_killing(cfg, kills)
+    result, recovery, run_dir, stages = run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
     for title, (restart_s, step_s) in recovery.items():
         print(f"  kill -9 {title}: a new process {restart_s:.1f}s later, the next step {step_s:.1f}s later")
     assert result.steps == steps and not result.interrupted
-    trained = _trained_once(run_dir, steps)
+    trained = trained_once(run_dir, steps)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     versions = [r["version"] for r in rows]
@@ -166,7 +77,7 @@ def _replay_accounts_for_every_group(cfg, run_dir: Path, trained: list[str]) -> 
     finally:
         store.close()
     print(f"  replay: {s}")
-    assert s.accepted == len(trained) + sum(s.evicted.values()) + s.ready + s.claimed
+    assert_replay_accounts(dataclasses.asdict(s), trained)
 
 
 def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
