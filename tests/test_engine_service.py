@@ -249,6 +249,30 @@ def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
         assert after["batches"] - before["batches"] == 1 and after["rows"] - before["rows"] == 3
 
 
+def test_prompts_of_different_lengths_in_one_batch_decode_as_if_alone(client, tiny_policy) -> None:
+    """Left padding and the decoding masks: each row of a batch of prompts of 3, 9 and 17
+    tokens gets the greedy tokens and log-probs a plain forward loop gives it alone."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = [PROMPT, [9, 8, 7, 6, 5, 4, 3, 2, 1], list(range(20, 37))]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+    async def together():
+        return await asyncio.gather(*[client.generate(p, params) for p in prompts])
+
+    outs = _run(together())
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
+    for prompt, out in zip(prompts, outs):
+        ids, logps = list(prompt), []
+        with torch.no_grad():
+            for _ in range(len(out.token_ids)):
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+                ids.append(int(logp.argmax()))
+                logps.append(float(logp.max()))
+        assert out.token_ids == ids[len(prompt):]
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(logps), atol=2e-4, rtol=0)
+
+
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.0, 1.0)])
 def test_logprobs_match_a_plain_forward_pass(client, tiny_policy, temperature, top_p) -> None:
     """The recorded behaviour log-prob of every sampled token equals log softmax(logits / T)

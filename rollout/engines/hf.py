@@ -24,6 +24,7 @@ import torch
 
 from rollout.config import HFEngineConfig
 from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, new_request_id
+from rollout.engines.sampling import RowSampler
 from rollout.engines.transport import WeightHandle
 
 _PAUSE_POLL_S = 0.005
@@ -43,22 +44,23 @@ class _Request:
     t0: float = field(default_factory=time.perf_counter)
 
 
-def sample_tokens(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, gen: torch.Generator):
-    """Sample one token per row; returns (tokens, log-probs under the tempered distribution).
+class _DecodeMasks:
+    """The attention mask of each decoding step, cut from one tensor allocated per batch. For
+    SDPA it is handed over already 4D (``[B, 1, 1, kv]``, True = attend): one new query token
+    may see every real token so far, so the causal part is the padding mask itself, and
+    transformers returns a 4D mask as it is instead of building one at every token."""
 
-    logits [B, V]; temps [B] (0 = greedy); top_p [B]."""
-    greedy = temps <= 0
-    scaled = logits.float() / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
-    logp = torch.log_softmax(scaled, dim=-1)
-    probs = logp.exp()
-    if bool((top_p < 1).any()):
-        sorted_p, idx = probs.sort(dim=-1, descending=True)
-        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p.unsqueeze(-1)
-        sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-    sampled = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-    tokens = torch.where(greedy, logp.argmax(-1), sampled)
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    def __init__(self, prompt_mask: torch.Tensor, max_new: int, sdpa: bool) -> None:
+        n, self.kv = prompt_mask.shape
+        self.full = torch.zeros((n, self.kv + max_new), dtype=torch.bool, device=prompt_mask.device)
+        self.full[:, : self.kv] = prompt_mask.bool()
+        self.sdpa = sdpa
+
+    def next(self) -> torch.Tensor:
+        """The mask for one more token per row."""
+        self.full[:, self.kv] = True
+        self.kv += 1
+        return self.full[:, None, None, : self.kv] if self.sdpa else self.full[:, : self.kv]
 
 
 class HFEngine(Engine):
@@ -280,7 +282,7 @@ class HFEngine(Engine):
         if reason is not None:
             self._loop.call_soon_threadsafe(self._finish, req, reason)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _decode(self, batch: list[_Request]) -> None:
         t0 = time.perf_counter()
         dev = self.cfg.device
@@ -293,16 +295,16 @@ class HFEngine(Engine):
             att[i, width - len(r.prompt_ids):] = 1
         ids, att = ids.to(dev), att.to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)
-        temps = torch.tensor([r.params.temperature for r in batch], device=dev)
-        top_p = torch.tensor([r.params.top_p for r in batch], device=dev)
+        sample = RowSampler([r.params.temperature for r in batch], [r.params.top_p for r in batch], self._gen, dev)
         limits = [r.params.max_new_tokens for r in batch]
         stops = [set(r.params.stop_token_ids) | {self._tokenizer.eos_token_id} for r in batch]
         out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
         next_pos = pos[:, -1:] + 1
         live = [True] * n
+        masks = _DecodeMasks(att, max(limits), self.model.config._attn_implementation == "sdpa")
         for _ in range(max(limits)):
             self._step_boundary()
-            tok, lp = sample_tokens(out.logits[:, -1], temps, top_p, self._gen)
+            tok, lp = sample(out.logits[:, -1])
             for i, (t, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
                 if not live[i]:
                     continue
@@ -316,8 +318,7 @@ class HFEngine(Engine):
                 self._emit(req, t, logp, reason)
             if not any(live):
                 break
-            att = torch.cat([att, torch.ones((n, 1), dtype=att.dtype, device=dev)], dim=1)
-            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=att, position_ids=next_pos,
+            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=masks.next(), position_ids=next_pos,
                              past_key_values=out.past_key_values, use_cache=True)
             next_pos = next_pos + 1
         self._stats["tokens"] += sum(len(r.token_ids) for r in batch)
