@@ -220,7 +220,7 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="batch 8, 16 requests, 24 new tokens, 1 repeat")
+    p.add_argument("--quick", action="store_true", help="batch 8, 16 requests, 24 new tokens, 3 repeats")
     p.add_argument("--batch", type=int, default=16, help="B, the equal-batch size")
     p.add_argument("--requests", type=int, default=64, help="R, requests arriving together")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -228,7 +228,7 @@ def main() -> None:
     p.add_argument("--no-vllm", action="store_true", help="leave the vLLM engine out (not installed)")
     args = p.parse_args()
     if args.quick:
-        args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 1
+        args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 3
     policy, _ = build_policy()
     engines = ["hf"] if args.no_vllm else ["hf", "vllm"]
     res, updates = {}, {}
