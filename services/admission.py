@@ -73,6 +73,7 @@ RULES: dict[str, Rule] = {
     "VLLMEngineConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "EnvActorsConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "LearnerConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
+    "ClusterConfig.service_resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "PolicyConfig.path": Rule("model", also=("builtin:tiny",)),
     "PolicyConfig.cache_dir": Rule("write", cache="policies"),
     "SFTConfig.env": Rule("env_overrides"),
@@ -157,10 +158,10 @@ def demand(cfg: RunConfig) -> dict[str, float]:
     """Ray actors, CPUs and GPUs the run asks for: the actors ``cluster.actors.start_actors``
     and ``cluster.reward_service.start_reward_service`` create, with their resources."""
     from cluster.actors import run_cpus
+    from cluster.reward_service import reward_pools
 
-    rc, sc, ro = cfg.rewards, cfg.rewards.service, cfg.rollout
-    scorers = sc.num_scorers if rc.ig is not None or (rc.prm is not None and rc.prm.type == "model") else 0
-    judges = rc.prm.num_workers if rc.prm is not None and rc.prm.type == "judge" else 0
+    sc, ro = cfg.rewards.service, cfg.rollout
+    scorers, judges = reward_pools(cfg)
     cpus = run_cpus(cfg) + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus
     # replay, weight broker and reward service, plus the learner's ranks, the pools, engines
     # and gateway
