@@ -88,8 +88,10 @@ class Nodes:
                  "print(json.dumps([[r, n['NodeID']] for n in ray.nodes() if n['Alive'] "
                  "for r in ['any', *n['Resources']]]))" % self.address)
         out = subprocess.run([sys.executable, "-c", probe], env=ENV, check=True, capture_output=True, text=True,
-                             timeout=120).stdout.strip().splitlines()[-1]
-        return [tuple(pair) for pair in json.loads(out)]
+                             timeout=120).stdout
+        # Ray may print its own lines on stdout too: the answer is the line that is a JSON list
+        line = next(x for x in reversed(out.splitlines()) if x.startswith("[["))
+        return [tuple(pair) for pair in json.loads(line)]
 
     def close(self) -> None:
         _kill_nodes(self.dirs)
