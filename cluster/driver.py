@@ -174,7 +174,6 @@ def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> d
 
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
                 on_stage: Callable[[str], None]) -> int:
-
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
     rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
