@@ -8,6 +8,7 @@ Every worker class is plain Python; this module is the one place that wraps them
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -18,6 +19,8 @@ from typing import Any
 from cluster.config import RunConfig
 from cluster.learner_group import LearnerGroup, start_learner
 from storage import atomic_write
+
+_log = logging.getLogger(__name__)
 
 _ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
 
@@ -122,12 +125,21 @@ class RunActors:
                 *self.engines, *([self.gateway] if self.gateway is not None else [])]
 
     def release(self) -> None:
-        """Kill every actor of the run and free the learner's placement group."""
+        """Kill every actor of the run and free the learner's placement group. Replay goes
+        last and is closed first: an embedded redis-server gets its clean shutdown (a flushed
+        append-only file) instead of dying some time after its host, which a process opening
+        the store just then would see as a live server that refuses connections."""
         import ray
 
         for actor in self.all():
-            ray.kill(actor)
+            if actor is not self.replay:
+                ray.kill(actor)
         self.learner.release()
+        try:
+            ray.get(self.replay.close.remote(), timeout=30)
+        except Exception as exc:  # noqa: BLE001 - a dead or stuck host: killing it is all that is left
+            _log.warning("replay host did not close cleanly: %s", exc)
+        ray.kill(self.replay)
 
 
 def start_env_hosts(cfg: RunConfig) -> list[Any]:

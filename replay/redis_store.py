@@ -204,22 +204,31 @@ class RedisReplayStore(ReplayStore):
         self._prefix = self.keys[-1][: -len("g:")]
         self.server: RedisServer | None = None
         """The embedded redis-server, when this store object started it (and will stop it)."""
-        url = cfg.url
-        if url == "embedded":
-            if self.run_dir is None:
-                raise ValueError("replay.url 'embedded' keeps its data in the run directory: "
-                                 "pass run_dir, or set replay.url to redis://host:port")
-            url, self.server = ensure_embedded(self.run_dir, appendonly=cfg.appendonly,
-                                                appendfsync=cfg.appendfsync,
-                                                binary=cfg.server_binary)
-        self.url = url
-        try:
-            self._r = connect(url, cfg)
-        except ReplayConnectionError:
-            self.close()
-            raise
+        if cfg.url == "embedded" and self.run_dir is None:
+            raise ValueError("replay.url 'embedded' keeps its data in the run directory: "
+                             "pass run_dir, or set replay.url to redis://host:port")
+        # An embedded server found alive may die before we connect (its host was just
+        # killed): the second look finds it dead and starts it again on the same port.
+        for attempt in range(2 if cfg.url == "embedded" else 1):
+            self.url = self._resolve_url()
+            try:
+                self._r = connect(self.url, cfg)
+                break
+            except ReplayConnectionError:
+                self.close()
+                if attempt == 1 or cfg.url != "embedded":
+                    raise
         self._scripts = {name: self._r.register_script(text) for name, text in SCRIPTS.items()}
         self._op_ttl = op_ttl_s(cfg)
+
+    def _resolve_url(self) -> str:
+        """``replay.url``, or the live embedded server's URL (starting it if none is)."""
+        if self.cfg.url != "embedded":
+            return self.cfg.url
+        assert self.run_dir is not None
+        url, self.server = ensure_embedded(self.run_dir, appendonly=self.cfg.appendonly,
+                                           appendfsync=self.cfg.appendfsync, binary=self.cfg.server_binary)
+        return url
 
     def __reduce__(self) -> tuple[object, ...]:
         # Another process (a Ray actor) reconnects; an embedded server stays with its starter.
