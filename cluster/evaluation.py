@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -9,15 +10,34 @@ import numpy as np
 from cluster.config import EvalConfig
 
 
-def evaluate(rollouts: list[Any], tasks: list[Any], cfg: EvalConfig) -> dict[str, float]:
-    """Success per task id, tasks dealt round-robin to the workers."""
-    import ray
+CHUNK_TASKS = 8
+"""Tasks per evaluate call: small enough for a smooth progress bar and ETA."""
+CHUNKS_IN_FLIGHT = 4
+"""Calls each worker holds at once: with 4 samples a task, 128 episodes, more than the
+engine's default batch (64), so it stays full while finished chunks are replaced."""
 
-    chunks = [tasks[i :: len(rollouts)] for i in range(len(rollouts))]
-    refs = [w.evaluate.remote(chunk, cfg.samples_per_task, cfg.temperature)
-            for w, chunk in zip(rollouts, chunks) if chunk]
-    rows = [row for part in ray.get(refs) for row in part]
-    return {row["task_id"]: row["success"] for row in rows}
+
+def evaluate(rollouts: list[Any], tasks: list[Any], cfg: EvalConfig, show_progress: bool = False) -> dict[str, float]:
+    """Success per task id: tasks go out in chunks, a few per worker at a time, and a bar
+    (``show_progress``) follows them to the end with an ETA."""
+    import ray
+    from tqdm import tqdm
+
+    queue = deque(tasks[i : i + CHUNK_TASKS] for i in range(0, len(tasks), CHUNK_TASKS))
+    free = deque(w for _ in range(CHUNKS_IN_FLIGHT) for w in rollouts)  # a worker per free slot
+    pending: dict[Any, Any] = {}
+    scores: dict[str, float] = {}
+    with tqdm(total=len(tasks), desc="eval", unit="task", dynamic_ncols=True, disable=not show_progress) as bar:
+        while queue or pending:
+            while queue and free:
+                worker = free.popleft()
+                pending[worker.evaluate.remote(queue.popleft(), cfg.samples_per_task, cfg.temperature)] = worker
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            free.append(pending.pop(ref))
+            rows = ray.get(ref)
+            scores |= {row["task_id"]: row["success"] for row in rows}
+            bar.update(len(rows))
+    return scores
 
 
 def aligned(before: dict[str, float], after: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:

@@ -63,7 +63,18 @@ def init_distributed(device: torch.device, dist: DistSpec | None = None) -> None
         os.environ.update({"MASTER_ADDR": dist.master_addr, "MASTER_PORT": str(dist.master_port),
                            "RANK": str(dist.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(dist.world_size)})
     if not torch.distributed.is_initialized():
+        if device.type == "cpu" and os.environ["WORLD_SIZE"] == "1":
+            _skip_shm_comm()
         deepspeed.init_distributed("nccl" if device.type == "cuda" else "gloo")
+
+
+def _skip_shm_comm() -> None:
+    """A lone CPU rank has no peer to share memory with, yet DeepSpeed would compile its
+    shared-memory all-reduce (~40 s of g++ on a fresh machine, before the first step):
+    marking the op incompatible makes its gloo backend go without it."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def control_group(timeout_s: float) -> Any:
