@@ -109,15 +109,15 @@ def engine_config(kind: str, max_batch: int) -> Any:
     return VLLMEngineConfig(max_num_seqs=max_batch, torch_threads=2, max_model_len=2048)
 
 
-def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int, float]]:
-    """Weight-update latency into one engine per transport: (transport, bytes, best seconds)."""
+def run_transports(client: Any, policy: str, repeats: int) -> list[tuple[str, int, float]]:
+    """Weight-update latency into ``client``'s engine per transport: (transport, bytes, best
+    seconds)."""
     import multiprocessing
     import tempfile
 
     import ray
 
     from learner.deepspeed_setup import free_port
-    from rollout.engines import local_client
     from rollout.engines.transport import (BroadcastWeights, FileWeightsWriter, InMemoryWeights,
                                            ObjectStoreWeights, plan_buckets)
 
@@ -127,7 +127,6 @@ def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int,
     state = {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_pretrained(policy).state_dict().items()
              if k != "lm_head.weight"}  # tied: the head travels as the embedding
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    client = local_client(engine_config(kind, 16), policy)
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
     shm = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
     version = 0
@@ -152,7 +151,6 @@ def run_transports(kind: str, policy: str, repeats: int) -> list[tuple[str, int,
     out.append(("gloo broadcast", nbytes, min(timed_update(lambda v: BroadcastWeights(layout)) for _ in range(repeats))))
     sender.join()
     ray.shutdown()
-    asyncio.run(client.engine.close())
     return out
 
 
@@ -166,37 +164,41 @@ def broadcast_sender(init: dict, state: dict, layout: list, times: int) -> None:
         group.send(state, layout)
 
 
-def run_phase(side: str, phase: str, policy: str, n_prompts: int, max_batch: int, max_new: int,
-              repeats: int) -> tuple[int, float, list[float]]:
-    """One side of one phase in this (fresh) process: (tokens, seconds, request latencies) of
-    its best repeat. Each phase gets a process of its own because torch's OpenMP workers spin
-    for a while after a call: a second thread calling torch in the same process (the engine's
-    decode thread after ``generate`` on the main one) would share its cores with them."""
+def run_side(side: str, policy: str, batch: int, requests: int, max_new: int,
+             repeats: int) -> dict[str, Any]:
+    """Everything measured of one side, in this (fresh) process: per phase ("batch", "load")
+    the (tokens, seconds, request latencies) of its best repeat, and for an engine its weight
+    updates ("updates"). Each side gets a process of its own because torch's OpenMP workers
+    spin for a while after a call: a second thread calling torch in the same process (the
+    engine's decode thread after ``generate`` on the main one) would share its cores with them.
+    Within a side every call comes from one thread (and one engine start serves all phases)."""
     torch.set_num_threads(2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollout.engines import local_client
 
     _, source = build_policy(show_progress=False)
-    prompts = prompts_of(policy, source, n_prompts)
+    prompts = prompts_of(policy, source, max(batch, requests))
     tok = AutoTokenizer.from_pretrained(policy)
     if side == "generate":
         model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
         generate_batch(model, tok, prompts[:2], 4)  # warm up
-        one = (lambda: (generate_batch(model, tok, prompts, max_new), [])) if phase == "batch" \
-            else (lambda: plain_server(model, tok, prompts, max_new))
+        phases = {"batch": lambda: (generate_batch(model, tok, prompts[:batch], max_new), []),
+                  "load": lambda: plain_server(model, tok, prompts[:requests], max_new)}
     else:
-        client = local_client(engine_config(side, max_batch), policy)
-
-        def one() -> tuple[int, list[float]]:
-            return asyncio.run(engine_requests(client, prompts, max_new))
-
+        client = local_client(engine_config(side, batch), policy)
         asyncio.run(engine_requests(client, prompts[:2], 4))  # warm up
-    runs = [timed(one) for _ in range(repeats)]
+        phases = {"batch": lambda: asyncio.run(engine_requests(client, prompts[:batch], max_new)),
+                  "load": lambda: asyncio.run(engine_requests(client, prompts[:requests], max_new))}
+    out: dict[str, Any] = {}
+    for phase, reps in (("batch", repeats), ("load", 1)):
+        runs = [timed(phases[phase]) for _ in range(reps)]
+        (tokens, latency), seconds = max(runs, key=lambda r: r[0][0] / r[1])
+        out[phase] = (tokens, seconds, latency)
     if side != "generate":
+        out["updates"] = run_transports(client, policy, repeats)
         asyncio.run(client.engine.close())
-    (tokens, latency), seconds = max(runs, key=lambda r: r[0][0] / r[1])
-    return tokens, seconds, latency
+    return out
 
 
 def _child(conn: Any, fn: Any, args: tuple) -> None:
@@ -232,12 +234,11 @@ def main() -> None:
     policy, _ = build_policy()
     engines = ["hf"] if args.no_vllm else ["hf", "vllm"]
     res, updates = {}, {}
-    for side, phase, n, reps in [(side, phase, n, reps) for phase, n, reps in
-                                 (("batch", args.batch, args.repeats), ("load", args.requests, 1))
-                                 for side in ("generate", *engines)]:
-        res[side, phase] = in_fresh_process(run_phase, side, phase, policy, n, args.batch, args.max_new_tokens, reps)
-    for kind in engines:
-        updates[kind] = in_fresh_process(run_transports, kind, policy, args.repeats)
+    for side in ("generate", *engines):
+        out = in_fresh_process(run_side, side, policy, args.batch, args.requests, args.max_new_tokens, args.repeats)
+        res |= {(side, phase): out[phase] for phase in ("batch", "load")}
+        if "updates" in out:
+            updates[side] = out["updates"]
     report(args, res, updates, engines)
 
 
@@ -246,7 +247,7 @@ def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
     q = lambda xs, k: statistics.quantiles(xs, n=100)[k - 1] if len(xs) > 1 else xs[0]  # noqa: E731
     name = {"generate": "model.generate", "hf": "HF engine", "vllm": "vLLM engine"}
     print(f"\nengines: tiny policy, temperature {TEMPERATURE}, <= {args.max_new_tokens} new tokens, 2 torch "
-          "threads, each measurement in its own process")
+          "threads, each side in its own process")
     print(f"1. equal batch of {args.batch}: " + ", ".join(f"{name[s]} {tps[s, 'batch']:.0f} tok/s"
                                                           for s in ("generate", *engines)))
     for s in engines:
