@@ -84,6 +84,7 @@ def test_sigkill_redis_and_learner_then_resume_trains_every_group_once(
         "rollout.max_new_tokens=32", "eval.num_tasks=0", "progress=log",
         f"learner.checkpoint_every={CHECKPOINT_EVERY}", "replay.type=redis", f"replay.url={server.url}",
         "replay.eta=2", "learner.max_restarts=0",  # the crash-and-resume path (no in-job restart)
+        "replay.retry_s=5",  # the first run ends with its Redis gone: its last calls give up sooner
     ])
     config = tmp_path / "run.yaml"
     config.write_text(cfg.model_dump_json(by_alias=True))  # JSON is YAML
