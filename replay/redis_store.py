@@ -209,14 +209,15 @@ class RedisReplayStore(ReplayStore):
                              "pass run_dir, or set replay.url to redis://host:port")
         # An embedded server found alive may die before we connect (its host was just
         # killed): the second look finds it dead and starts it again on the same port.
-        for attempt in range(2 if cfg.url == "embedded" else 1):
+        attempts = 2 if cfg.url == "embedded" else 1
+        for attempt in range(attempts):
             self.url = self._resolve_url()
             try:
                 self._r = connect(self.url, cfg)
                 break
             except ReplayConnectionError:
                 self.close()
-                if attempt == 1 or cfg.url != "embedded":
+                if attempt == attempts - 1:
                     raise
         self._scripts = {name: self._r.register_script(text) for name, text in SCRIPTS.items()}
         self._op_ttl = op_ttl_s(cfg)

@@ -31,6 +31,7 @@ import venv
 import zipfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from importlib.util import cache_from_source
 from pathlib import Path
 
 _FETCHING = re.compile(r"^(Collecting|Processing) ")
@@ -167,10 +168,11 @@ def install_wheels(pip: list[str], wheels: list[Path]) -> None:
 
 
 def compile_all(python: str) -> None:
-    """Byte-compile site-packages on every core; files already compiled are skipped."""
+    """Byte-compile site-packages on every core; files already compiled are skipped (and not
+    counted: the total is what compileall will compile)."""
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    total = sum(1 for _ in Path(site).rglob("*.py"))
+    total = sum(not Path(cache_from_source(str(py))).exists() for py in Path(site).rglob("*.py"))
     progress = Progress("compile", total, "files")
     done = 0
     cmd = [python, "-m", "compileall", "-j", "0", site]
