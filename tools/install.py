@@ -60,9 +60,9 @@ class Progress:
                 return
             self._last = now
             elapsed = now - self.t0
-            eta = elapsed / done * (self.total - done) if 0 < done < self.total else 0.0
+            eta = f"{elapsed / done * (self.total - done):3.0f} s" if done > 0 else "  ? s"
             amount = f"{done:.0f}/{self.total:.0f} {self.unit}" if self.unit else f"{100 * done / self.total:3.0f}%"
-            line = f"[install] {self.stage}: {amount}, {elapsed:3.0f} s elapsed, ETA {eta:3.0f} s {note}"
+            line = f"[install] {self.stage}: {amount}, {elapsed:3.0f} s elapsed, ETA {eta} {note}"
             if self.tty:
                 width = shutil.get_terminal_size().columns - 1
                 print("\r" + line[:width].ljust(min(width, 79)), end="\n" if final else "", flush=True)
