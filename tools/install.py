@@ -107,7 +107,8 @@ def fetch_wheels(pip: list[str], requirements: list[str], wheelhouse: Path) -> l
             assert proc.stdout is not None
             for line in proc.stdout:
                 tail = [*tail[-30:], line.rstrip()]
-                counted[0] += bool(_FETCHING.match(line))
+                with progress.lock:  # three readers count into one total
+                    counted[0] += bool(_FETCHING.match(line))
                 building = line.strip().startswith("Building wheel for")
                 progress.show(counted[0], f"(building {line.split()[3]})" if building else "")
         if proc.returncode:
