@@ -186,3 +186,24 @@ def test_a_mixed_batch_gives_groups_their_estimator_and_sessions_the_running_bas
     z = 0.5 / (0.5 ** 0.5 + 1e-6)
     assert res.advantages.tolist() == pytest.approx([-z] * 3 + [z] * 3 + [1.0])
     assert mask.all() and worker.live_state["outcome"].n == 1
+
+
+def test_a_lone_cpu_rank_builds_no_shared_memory_comm_op(tmp_path) -> None:
+    # DeepSpeed would compile its shared-memory all-reduce (~40 s on a fresh machine) for a
+    # rank that has no peer; the group still comes up (gloo) and reduces.
+    import os
+    import subprocess
+    import sys
+
+    script = ("import torch, deepspeed.ops\n"
+              "from learner.deepspeed_setup import init_distributed\n"
+              "init_distributed(torch.device('cpu'))\n"
+              "t = torch.ones(3); torch.distributed.all_reduce(t)\n"
+              "print(deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'], t.tolist())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_BUILD_OPS": "0"},
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == "False [1.0, 1.0, 1.0]"
+    assert not any(tmp_path.iterdir())  # nothing was compiled
