@@ -23,6 +23,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import install  # noqa: E402
 DOCKER = ROOT / "deploy" / "docker"
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
 COMPOSE = DOCKER / "compose.yaml"
@@ -35,13 +38,9 @@ def pyproject() -> dict:
 
 
 def lock_pins(path: Path) -> dict[str, str]:
-    """``name==version`` lines of a pip requirements file (names normalised, PEP 503)."""
-    pins = {}
-    for line in path.read_text().splitlines():
-        name, sep, version = line.split("#", 1)[0].strip().partition("==")
-        if sep:
-            pins[re.sub(r"[-_.]+", "-", name.lower())] = version
-    return pins
+    """``name==version`` lines of a pip requirements file (names normalised, PEP 503), read as
+    the installer reads them."""
+    return {install.project_name(pin): pin.split("==", 1)[1] for pin in install.pins([path])}
 
 
 def project_pin(name: str) -> str:

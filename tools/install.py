@@ -81,7 +81,7 @@ def pins(lock_files: Iterable[Path]) -> list[str]:
     return found
 
 
-def _name(pin: str) -> str:
+def project_name(pin: str) -> str:
     return re.sub(r"[-_.]+", "-", pin.split("==", 1)[0]).lower()  # PEP 503 normalisation
 
 
@@ -90,8 +90,8 @@ def missing(python: str, requirements: list[str]) -> list[str]:
     change fetches only what changed)."""
     listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
                             capture_output=True, text=True, check=True).stdout.split()
-    have = {_name(line): line.split("==", 1)[1] for line in listed if "==" in line}
-    return [pin for pin in requirements if have.get(_name(pin)) != pin.split("==", 1)[1]]
+    have = {project_name(line): line.split("==", 1)[1] for line in listed if "==" in line}
+    return [pin for pin in requirements if have.get(project_name(pin)) != pin.split("==", 1)[1]]
 
 
 def fetch_wheels(pip: list[str], requirements: list[str], wheelhouse: Path) -> list[Path]:
