@@ -40,8 +40,16 @@ def init_ray(cfg: RunConfig) -> None:
     # ray.init installs its own SIGTERM handler (sys.exit); keep ours, which stops gracefully.
     term_handler = signal.getsignal(signal.SIGTERM)
     if address:
+        if cfg.cluster.cpu_affinity:
+            raise ValueError(f"cluster.cpu_affinity={cfg.cluster.cpu_affinity} pins a local cluster "
+                             f"this run starts, but it joins {address}: drop the setting (pin that "
+                             "cluster's nodes where they are started)")
         ray.init(address=address, **kwargs)
     else:
+        if cfg.cluster.cpu_affinity:
+            # Ray's daemons and workers inherit the driver's affinity; actors with a
+            # cpu_affinity of their own are re-pinned once started (``pin``).
+            _pin_threads(None, cfg.cluster.cpu_affinity, "cluster.cpu_affinity")
         ray.init(num_cpus=cfg.cluster.num_cpus or os.cpu_count(), **kwargs)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, term_handler)

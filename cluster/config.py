@@ -30,6 +30,13 @@ class ClusterConfig(BaseModel):
     """Ray address to join; None starts a local cluster (or joins RAY_ADDRESS when set)."""
     num_cpus: int | None = None
     """CPUs of the local cluster (None: all)."""
+    cpu_affinity: list[int] | None = None
+    """Cores a local cluster this run starts runs on: Ray's daemons, the driver, and every
+    actor without a ``cpu_affinity`` of its own (reward service, environments, replay host).
+    With the engine, rollout and learner pinned too, this says where the glue between them
+    runs: on a small machine, put it with generation so the learner's cores stay its own.
+    None: every core. Not allowed with ``address`` (a joined cluster's nodes are set up by
+    whoever started them)."""
     reward_num_cpus: float = Field(0.25, gt=0)
     """Ray CPUs for the reward actor."""
     replay_num_cpus: float = Field(0.25, gt=0)

@@ -94,6 +94,13 @@ class RolloutWorker:
             while not self._stop.is_set():
                 want = self.cfg.groups_in_flight - len(active)
                 granted = await self.ports.reserve(want) if want > 0 else 0
+                if granted:
+                    # Admission counted from the learner's newest version, published before
+                    # replay saw it; an engine still on the one before (until its next poll)
+                    # would make these groups a version staler than admitted, and replay
+                    # refuses them at put after all their generation (bench/pipeline.py: 4 of
+                    # 68 groups, and the batches waiting on their replacements).
+                    await self.engine.sync_weights()
                 active |= {asyncio.create_task(self._produce_one()) for _ in range(granted)}
                 if not active:
                     await asyncio.sleep(0.05)

@@ -263,14 +263,63 @@ def test_prompts_of_different_lengths_in_one_batch_decode_as_if_alone(client, ti
     outs = _run(together())
     model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
     for prompt, out in zip(prompts, outs):
-        ids, logps = list(prompt), []
-        with torch.no_grad():
-            for _ in range(len(out.token_ids)):
-                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
-                ids.append(int(logp.argmax()))
-                logps.append(float(logp.max()))
-        assert out.token_ids == ids[len(prompt):]
-        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(logps), atol=2e-4, rtol=0)
+        _assert_greedy_alone(model, prompt, out)
+
+
+def _assert_greedy_alone(model, prompt: list[int], out) -> None:
+    """``out`` has the greedy tokens and log-probs a plain forward loop gives ``prompt`` alone."""
+    ids, logps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(len(out.token_ids)):
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+            ids.append(int(logp.argmax()))
+            logps.append(float(logp.max()))
+    assert out.token_ids == ids[len(prompt):]
+    torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(logps), atol=2e-4, rtol=0)
+
+
+def test_requests_join_a_running_batch_and_leave_it_as_they_finish(client, kind, tiny_policy) -> None:
+    """Continuous batching: requests arriving while a long one decodes start at once (one with
+    a longer prompt than the batch's cache, one shorter), finish long before it, and every row
+    gets what it would alone; the long row is not disturbed by rows joining and leaving."""
+    from transformers import AutoModelForCausalLM
+
+    longer, shorter = list(range(20, 37)), [9, 8, 7]
+    before = client.engine.stats()
+
+    async def go():
+        done: list[str] = []
+
+        async def run(name, prompt, params):
+            out = await client.generate(prompt, params, request_id=name)
+            done.append(name)
+            return out
+
+        async def rest(stream):
+            chunks = [c async for c in stream]
+            done.append("long")
+            return chunks
+
+        stream = client.stream(PROMPT, LONG, request_id="long")
+        first = [await stream.__anext__(), await stream.__anext__()]
+        tail, *joined = await asyncio.gather(
+            rest(stream), run("longer", longer, SamplingParams(temperature=0.0, max_new_tokens=8)),
+            run("shorter", shorter, SamplingParams(temperature=0.0, max_new_tokens=4)))
+        return first + tail, joined, done
+
+    chunks, (out_longer, out_shorter), done = _run(go())
+    assert done[-1] == "long" and len(out_longer.token_ids) == 8 and len(out_shorter.token_ids) == 4
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
+    _assert_greedy_alone(model, longer, out_longer)
+    _assert_greedy_alone(model, shorter, out_shorter)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == _run(client.generate(PROMPT, LONG)).token_ids and len(tokens) == 64
+    if kind == "hf":  # one batch served all three (vLLM schedules continuously: no batches)
+        deadline = time.monotonic() + 5
+        while client.engine.stats()["batches"] < before["batches"] + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        after = client.engine.stats()  # the joined batch, then the baseline's own
+        assert after["batches"] - before["batches"] == 2 and after["rows"] - before["rows"] == 4
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.0, 1.0)])

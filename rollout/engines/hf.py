@@ -5,10 +5,17 @@ left-pads it, prefills once and decodes token by token with the model's KV cache
 each row at its own temperature. The decode loop runs in a worker thread so the event loop
 keeps serving (streams, aborts, weight updates, environment steps) meanwhile.
 
-Between decoding steps the thread honours the control plane: aborted rows finish, a pause
+Batching is continuous: between decoding steps finished rows leave the batch (their cache rows
+dropped) and requests that arrived meanwhile join it (prefilled together, their cache left-padded
+to the batch's length or the batch's to theirs), so a request never waits for a whole batch to
+end and the batch stays full when requests arrive staggered (multi-turn episodes, live
+sessions).
+
+Between decoding steps the thread also honours the control plane: aborted rows finish, a pause
 holds the batch, and staged weights are loaded (``weight_update: in_flight``, the default), so
 a long completion continues on the new weights and records the version change; with
-``between_batches`` weights change only when no batch is running.
+``between_batches`` nothing joins while weights are staged, so the batch drains and they load
+when no row is running.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
@@ -44,23 +52,55 @@ class _Request:
     t0: float = field(default_factory=time.perf_counter)
 
 
-class _DecodeMasks:
-    """The attention mask of each decoding step, cut from one tensor allocated per batch. For
-    SDPA it is handed over already 4D (``[B, 1, 1, kv]``, True = attend): one new query token
-    may see every real token so far, so the causal part is the padding mask itself, and
-    transformers returns a 4D mask as it is instead of building one at every token."""
+class _Rows:
+    """The requests decoding together, between two steps: their KV cache, padding mask
+    (``[n, kv]``, True = a real token), next positions and next-token logits, row i of each
+    belonging to ``reqs[i]``."""
 
-    def __init__(self, prompt_mask: torch.Tensor, max_new: int, sdpa: bool) -> None:
-        n, self.kv = prompt_mask.shape
-        self.full = torch.zeros((n, self.kv + max_new), dtype=torch.bool, device=prompt_mask.device)
-        self.full[:, : self.kv] = prompt_mask.bool()
-        self.sdpa = sdpa
+    def __init__(self, reqs: list[_Request], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor,
+                 logits: torch.Tensor) -> None:
+        self.reqs, self.cache, self.mask, self.next_pos, self.logits = reqs, cache, mask, next_pos, logits
 
-    def next(self) -> torch.Tensor:
-        """The mask for one more token per row."""
-        self.full[:, self.kv] = True
-        self.kv += 1
-        return self.full[:, None, None, : self.kv] if self.sdpa else self.full[:, : self.kv]
+    def keep(self, idx: list[int]) -> None:
+        """Keep rows ``idx`` only, and drop the cache columns none of them attends to (the left
+        padding that only rows now gone needed)."""
+        index = torch.tensor(idx, device=self.mask.device)
+        self.reqs = [self.reqs[i] for i in idx]
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_pos, self.logits = self.mask[index], self.next_pos[index], self.logits[index]
+        first = int(self.mask.any(0).int().argmax())  # first column a row still attends to
+        if first:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask = self.mask[:, first:]
+
+    def join(self, other: "_Rows") -> None:
+        """Append ``other``'s rows; the shorter cache is left-padded with masked columns."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        self._left_pad(width)
+        other._left_pad(width)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([mine.keys, theirs.keys])
+            mine.values = torch.cat([mine.values, theirs.values])
+        self.reqs = self.reqs + other.reqs
+        self.mask = torch.cat([self.mask, other.mask])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.logits = torch.cat([self.logits, other.logits])
+
+    def _left_pad(self, width: int) -> None:
+        pad = width - self.mask.shape[1]
+        if pad:
+            for layer in self.cache.layers:  # [batch, heads, kv, head_dim]: pad the kv dim
+                layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, pad, 0))
+                layer.values = torch.nn.functional.pad(layer.values, (0, 0, pad, 0))
+            self.mask = torch.nn.functional.pad(self.mask, (pad, 0), value=False)
+
+    def grow(self) -> torch.Tensor:
+        """The mask of one more token per row (SDPA gets it 4D, ``[n, 1, 1, kv]``: one query
+        token may see every real token so far, and transformers passes a 4D mask through
+        instead of building one at every token)."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.reqs), 1))], dim=1)
+        return self.mask
 
 
 class HFEngine(Engine):
@@ -77,11 +117,15 @@ class HFEngine(Engine):
         self._resumed = threading.Event()
         self._resumed.set()
         self._open: dict[str, _Request] = {}
-        self._queue: asyncio.Queue[_Request] | None = None
+        self._waiting: deque[_Request] = deque()
+        """Requests not yet decoding; the batcher and the decode thread (joins) take from it."""
+        self._waiting_lock = threading.Lock()
+        self._arrived: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._busy = False
         self._gen = torch.Generator().manual_seed(seed)
+        self._sdpa = self.model.config._attn_implementation == "sdpa"
         # Every batch decodes on this one thread: torch's OpenMP workers belong to the thread
         # that calls into torch, and a fresh thread per batch (asyncio.to_thread under a new
         # event loop, or a pool handing out another worker) leaves the previous pool spinning
@@ -173,7 +217,9 @@ class HFEngine(Engine):
         request_id = request_id or new_request_id()
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first call, or a new event loop (e.g. a fresh asyncio.run)
-            self._loop, self._queue = loop, asyncio.Queue()
+            self._loop, self._arrived = loop, asyncio.Event()
+            with self._waiting_lock:
+                self._waiting.clear()  # requests of a closed loop have no one to answer
             self._batcher = loop.create_task(self._run_batcher())
         if self._batcher.done() and self._batcher.exception():
             raise RuntimeError("engine batcher died") from self._batcher.exception()
@@ -183,8 +229,23 @@ class HFEngine(Engine):
                        asyncio.Queue() if stream else None)
         self._open[request_id] = req
         self._stats["requests"] += 1
-        self._queue.put_nowait(req)
+        with self._waiting_lock:
+            self._waiting.append(req)
+        self._arrived.set()
         return req
+
+    def _take_waiting(self, k: int) -> list[_Request]:
+        """Up to ``k`` waiting requests (any thread); aborted ones are answered on the way."""
+        taken: list[_Request] = []
+        with self._waiting_lock:
+            while self._waiting and len(taken) < k:
+                req = self._waiting.popleft()
+                if req.aborted:
+                    assert self._loop is not None
+                    self._loop.call_soon_threadsafe(self._finish, req, "abort")
+                else:
+                    taken.append(req)
+        return taken
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> Completion:
@@ -231,24 +292,21 @@ class HFEngine(Engine):
             req.stream.put_nowait(Chunk(req.request_id, [], [], done.version_spans[-1][1], reason))  # type: ignore[arg-type]
 
     async def _run_batcher(self) -> None:
-        assert self._queue is not None
+        assert self._arrived is not None
         while True:
-            batch = [await self._queue.get()]
+            await self._arrived.wait()
             if self.cfg.batch_wait_ms > 0:
                 await asyncio.sleep(self.cfg.batch_wait_ms / 1000)
-            while not self._queue.empty() and len(batch) < self.cfg.max_batch:
-                batch.append(self._queue.get_nowait())
-            for req in [r for r in batch if r.aborted]:
-                self._finish(req, "abort")
-            batch = [r for r in batch if not r.aborted]
+            self._arrived.clear()  # before taking: a request arriving after sets it again
             while not self._resumed.is_set():
                 self._apply_staged()  # pause, load, resume: loads happen while paused too
                 await asyncio.sleep(_PAUSE_POLL_S)
             self._apply_staged()
+            batch = self._take_waiting(self.cfg.max_batch)
             if not batch:
                 continue
             self._busy = True
-            try:
+            try:  # ``batch`` grows by the requests that join it while it decodes
                 await asyncio.get_running_loop().run_in_executor(self._decoder, self._decode, batch)
             except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
                 for req in batch:
@@ -257,6 +315,9 @@ class HFEngine(Engine):
             finally:
                 self._busy = False
             self._apply_staged()
+            with self._waiting_lock:
+                if self._waiting:
+                    self._arrived.set()  # left waiting (batch full, or held for a weight load)
 
     # -- the decode thread -----------------------------------------------------------------
     def _step_boundary(self) -> None:
@@ -282,48 +343,90 @@ class HFEngine(Engine):
         if reason is not None:
             self._loop.call_soon_threadsafe(self._finish, req, reason)
 
-    @torch.inference_mode()
-    def _decode(self, batch: list[_Request]) -> None:
-        t0 = time.perf_counter()
+    def _prefill(self, reqs: list[_Request]) -> _Rows:
+        """Left-padded prefill of ``reqs``: their cache and their first tokens' logits."""
         dev = self.cfg.device
-        n, width = len(batch), max(len(r.prompt_ids) for r in batch)
-        pad = self._tokenizer.pad_token_id or 0
-        ids = torch.full((n, width), pad, dtype=torch.long)
+        n, width = len(reqs), max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((n, width), self._tokenizer.pad_token_id or 0, dtype=torch.long)
         att = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(batch):
+        for i, r in enumerate(reqs):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             att[i, width - len(r.prompt_ids):] = 1
         ids, att = ids.to(dev), att.to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)
-        sample = RowSampler([r.params.temperature for r in batch], [r.params.top_p for r in batch], self._gen, dev)
-        limits = [r.params.max_new_tokens for r in batch]
-        stops = [set(r.params.stop_token_ids) | {self._tokenizer.eos_token_id} for r in batch]
         out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
-        next_pos = pos[:, -1:] + 1
-        live = [True] * n
-        masks = _DecodeMasks(att, max(limits), self.model.config._attn_implementation == "sdpa")
-        for _ in range(max(limits)):
+        return _Rows(list(reqs), out.past_key_values, att.bool(), pos[:, -1:] + 1, out.logits[:, -1])
+
+    def _forward(self, rows: _Rows, tokens: torch.Tensor) -> None:
+        """One decoding step: each row's sampled token in, its next-token logits out."""
+        mask = rows.grow()
+        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, None, None] if self._sdpa else mask,
+                         position_ids=rows.next_pos, past_key_values=rows.cache, use_cache=True)
+        rows.next_pos = rows.next_pos + 1
+        rows.logits = out.logits[:, -1]
+
+    def _sampler(self, reqs: list[_Request]) -> RowSampler:
+        return RowSampler([r.params.temperature for r in reqs], [r.params.top_p for r in reqs], self._gen,
+                          self.cfg.device)
+
+    def _may_join(self) -> bool:
+        """Whether waiting requests may join a running batch now: not while weights wait for
+        the batch to end (``between_batches``), or it might never end."""
+        if self.cfg.weight_update == "in_flight":
+            return True
+        with self._staged_lock:
+            return self._staged is None
+
+    def _sample_and_emit(self, rows: _Rows, sampler: RowSampler) -> tuple[list[int], torch.Tensor]:
+        """Sample every row's next token and hand it out; returns the rows that go on and the
+        tokens they feed back."""
+        tok, lp = sampler(rows.logits)
+        going: list[int] = []
+        for i, (t, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
+            req = rows.reqs[i]
+            if req.aborted:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._finish, req, "abort")
+                continue
+            limit = req.params.max_new_tokens
+            stop = t == self._tokenizer.eos_token_id or t in req.params.stop_token_ids
+            reason = "stop" if stop else "length" if len(req.token_ids) + 1 >= limit else None
+            self._emit(req, t, logp, reason)
+            if reason is None:
+                going.append(i)
+        return going, tok
+
+    @torch.inference_mode()
+    def _decode(self, batch: list[_Request]) -> None:
+        """Decode ``batch`` and every request that joins it, until no row is left."""
+        t0 = time.perf_counter()
+        rows = self._prefill(batch)
+        sampler = self._sampler(rows.reqs)
+        while True:
             self._step_boundary()
-            tok, lp = sample(out.logits[:, -1])
-            for i, (t, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
-                if not live[i]:
-                    continue
-                req = batch[i]
-                if req.aborted:
-                    live[i] = False
-                    self._loop.call_soon_threadsafe(self._finish, req, "abort")
-                    continue
-                reason = "stop" if t in stops[i] else "length" if len(req.token_ids) + 1 >= limits[i] else None
-                live[i] = reason is None
-                self._emit(req, t, logp, reason)
-            if not any(live):
+            going, tok = self._sample_and_emit(rows, sampler)
+            changed = len(going) < len(rows.reqs)
+            if going:
+                if changed:
+                    rows.keep(going)
+                    tok = tok[going]
+                self._forward(rows, tok)
+            joining = self._take_waiting(self.cfg.max_batch - len(going)) if self._may_join() else []
+            if joining:
+                batch.extend(joining)
+                new = self._prefill(joining)
+                if going:
+                    rows.join(new)
+                else:
+                    rows = new
+                changed = True
+            elif not going:
                 break
-            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=masks.next(), position_ids=next_pos,
-                             past_key_values=out.past_key_values, use_cache=True)
-            next_pos = next_pos + 1
+            if changed:
+                sampler = self._sampler(rows.reqs)
         self._stats["tokens"] += sum(len(r.token_ids) for r in batch)
         self._stats["batches"] += 1
-        self._stats["rows"] += n
+        self._stats["rows"] += len(batch)
         self._stats["decode_s"] += time.perf_counter() - t0
 
     def stats(self) -> dict[str, float]:
