@@ -30,6 +30,10 @@ def init_ray(cfg: RunConfig) -> None:
     import ray
 
     if ray.is_initialized():
+        if cfg.cluster.cpu_affinity:
+            raise ValueError(f"cluster.cpu_affinity={cfg.cluster.cpu_affinity} pins a local cluster this run "
+                             "starts, but Ray already runs in this process: drop the setting, or let the "
+                             "run start Ray")
         check_resources(cfg)  # an attached cluster too short of CPUs would hang actor creation
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
