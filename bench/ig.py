@@ -98,6 +98,23 @@ def rollout(model, tok, args, device: str) -> tuple[list[Trajectory], float]:
     return trajs, gen_s
 
 
+def work(scorer: IGScorer, trajs: list[Trajectory]) -> tuple[float, float]:
+    """Per-turn / shared-prefix ratios of the work each path must do: tokens through the
+    model (linear layers) and causal (query, key) pairs (attention). A speedup past these
+    needs a faster kernel, not batching: it bounds what sharing the prefix can buy."""
+    tokens = {"turn": 0, "shared": 0}
+    pairs = {"turn": 0, "shared": 0}
+    for item in scorer.shared_items(trajs):
+        m = len(item.template.ids)
+        for n in item.lengths:  # per-turn: one forward over context b + template
+            tokens["turn"] += n + m
+            pairs["turn"] += (n + m) * (n + m + 1) // 2
+        ctx = len(item.context)  # shared: the longest context once, then every template copy
+        tokens["shared"] += ctx + m * len(item.lengths)
+        pairs["shared"] += ctx * (ctx + 1) // 2 + sum(m * n + m * (m + 1) // 2 for n in item.lengths)
+    return tokens["turn"] / tokens["shared"], pairs["turn"] / pairs["shared"]
+
+
 def timed(fn, *a, repeat: int = 1, **kw) -> tuple[object, float]:
     """Result and the best wall time of ``repeat`` runs (the min resists noisy neighbours)."""
     best = float("inf")
@@ -162,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<21} {secs:8.3f} s  ({secs / gen_s:6.1%} of generate, "
               f"{ref_s / secs:5.2f}x vs per-turn)")
     print(f"max |v - v_ref| = {err:.2e}")
+    tok_ratio, pair_ratio = work(shared, trajs)
+    print(f"work per-turn / shared: {tok_ratio:.2f}x tokens, {pair_ratio:.2f}x attention pairs "
+          "(what sharing the prefix saves; a speedup beyond it needs faster kernels)")
 
 if __name__ == "__main__":
     main()
