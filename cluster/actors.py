@@ -30,7 +30,8 @@ def init_ray(cfg: RunConfig) -> None:
     import ray
 
     if ray.is_initialized():
-        if cfg.cluster.cpu_affinity:
+        # Ray started by this process with the same pin (an earlier run) already holds it.
+        if cfg.cluster.cpu_affinity and set(cfg.cluster.cpu_affinity) != os.sched_getaffinity(0):
             raise ValueError(f"cluster.cpu_affinity={cfg.cluster.cpu_affinity} pins a local cluster this run "
                              "starts, but Ray already runs in this process: drop the setting, or let the "
                              "run start Ray")
