@@ -18,6 +18,7 @@ from typing import Any
 
 from cluster.config import RunConfig
 from cluster.learner_group import LearnerGroup, start_learner
+from rollout.cores import pin_process
 from storage import atomic_write
 
 _log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def init_ray(cfg: RunConfig) -> None:
         if cfg.cluster.cpu_affinity:
             # Ray's daemons and workers inherit the driver's affinity; actors with a
             # cpu_affinity of their own are re-pinned once started (``pin``).
-            _pin_threads(None, cfg.cluster.cpu_affinity, "cluster.cpu_affinity")
+            pin_process(cfg.cluster.cpu_affinity, "cluster.cpu_affinity")
         ray.init(num_cpus=cfg.cluster.num_cpus or os.cpu_count(), **kwargs)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, term_handler)
@@ -177,9 +178,12 @@ def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) ->
     from rollout.ports import BrokerWeightSource
 
     eng = cfg.rollout.engine
+    # A restarted engine cannot rejoin the learner's broadcast group (its peers joined once).
+    restarts = 0 if cfg.rollout.weights.transport == "broadcast" else eng.max_restarts
     actor = ray.remote(instrument(EngineServer, "engine")).options(
-        num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources, max_concurrency=eng.max_concurrency)
-    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker), i + 1)
+        num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources, max_concurrency=eng.max_concurrency,
+        max_restarts=restarts, max_task_retries=0)
+    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker), i + 1, follow=True)
             for i in range(eng.count)]
 
 
@@ -251,9 +255,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     # free what did start so a caller that carries on keeps its CPUs.
     try:
         learner = started.learner = make_learner(resume)
-        ray.get([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
-                 *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]])
-        pin(engines, cfg.rollout.engine.cpu_affinity, "rollout.engine.cpu_affinity")
+        wait_ready([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
+                    *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]], cfg.progress == "bar")
         pin(rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
         if cfg.live.enabled:
             from cluster.live import start_gateway
@@ -265,6 +268,21 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     record_placement(started, run_dir)
     publish_targets(started, run_dir, run_id)
     return started
+
+
+def wait_ready(refs: list[Any], show: bool) -> None:
+    """``ray.get`` of the actors' first answers, counted off on a bar with an ETA (starting the
+    engines, the learner's DeepSpeed and the rest takes ~10 s on 2 cores); the first failure
+    raises as soon as it arrives."""
+    import ray
+    from tqdm import tqdm
+
+    pending = list(refs)
+    with tqdm(total=len(pending), desc="actors ready", unit="actor", disable=not show) as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
+            bar.update(len(done))
 
 
 def publish_targets(actors: RunActors, run_dir: str, run_id: str) -> None:
@@ -329,14 +347,5 @@ def pin(actors: list[Any], cores: list[int] | None, key: str) -> None:
 
 
 def _pin_threads(_actor: Any, cores: list[int], key: str) -> None:
-    """Run inside an actor (``__ray_call__``): CPU affinity is per thread on Linux, so every
-    thread the process has (torch's pools included) gets it; threads started later inherit."""
-    have = sorted(os.sched_getaffinity(0))
-    if not set(cores) <= set(range(os.cpu_count() or 1)):
-        raise ValueError(f"{key}={cores}: this node's cores are 0..{(os.cpu_count() or 1) - 1} "
-                         f"(this process may use {have})")
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except ProcessLookupError:  # the thread ended meanwhile
-            pass
+    """Run inside an actor (``__ray_call__``): every thread of its process on ``cores``."""
+    pin_process(cores, key)

@@ -40,6 +40,12 @@ class EngineGroupConfig(BaseModel):
     (updates wait for in-flight requests to finish)."""
     weight_poll_s: float = Field(0.2, gt=0)
     """Seconds between an engine's polls of the learner's weight broker."""
+    max_restarts: int = Field(3, ge=0)
+    """Times Ray starts a dead engine actor again (a crash, a lost node). The new one pins
+    its cores and loads the newest published weights before it serves; requests that were in
+    flight on the dead one fail, ending their episodes with an error (their rewards are
+    missing, handled by ``rewards.on_missing``). Always 0 with ``rollout.weights.transport:
+    broadcast``: a restarted engine cannot rejoin the learner's broadcast group."""
 
 
 class HFEngineConfig(EngineGroupConfig):

@@ -230,8 +230,10 @@ class Group(BaseModel):
     trajectories: list[Trajectory] = Field(min_length=1)
 
     def min_version(self) -> int:
-        """Oldest weights version in the group: what staleness is measured by."""
-        return min(t.min_version() for t in self.trajectories)
+        """Oldest weights version in the group: what staleness is measured by. A rollout
+        that failed before its first action has no version (no weights made anything in it)
+        and does not count; a group of only such rollouts is 0."""
+        return min((t.min_version() for t in self.trajectories if t.turns), default=0)
 
 
 # -- JSONL ---------------------------------------------------------------------------------

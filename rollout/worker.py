@@ -11,6 +11,7 @@ bring the engines to the newest weights.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from typing import Any
@@ -24,6 +25,8 @@ from rollout.episode import run_episode, sampling_params
 from rollout.ports import RolloutPorts, SubmitLost
 from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
+
+log = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: RolloutConfig, env_cfg: Any, engine: EngineClient,
@@ -41,6 +44,7 @@ class RolloutWorker:
         self._stop = asyncio.Event()
         self._counts = {"groups": 0, "episodes": 0, "errors": 0, "tokens": 0, "successes": 0, "dropped": 0}
         """``dropped``: finished groups lost with a reward service that died holding them."""
+        self._failed_in_a_row = 0
 
     def _params(self, temperature: float | None = None) -> SamplingParams:
         return sampling_params(self.cfg, temperature)
@@ -78,6 +82,7 @@ class RolloutWorker:
         except BaseException:
             await self.ports.release(1)
             raise
+        await self._back_off_if_all_failed(group)
         try:
             await self.ports.submit(group)
         except SubmitLost:
@@ -85,6 +90,16 @@ class RolloutWorker:
             # the reward service restarts: count it, free the slot, keep producing.
             self._counts["dropped"] += 1
             await self.ports.release(1)
+
+    async def _back_off_if_all_failed(self, group: Group) -> None:
+        """After a group whose every episode failed (its engine or environments are down, e.g.
+        restarting), wait before the next one: 0.25 s doubling to 4 s while it lasts, so a dead
+        dependency is not hammered with groups that fail at once. One good group resets it."""
+        if all(t.error is not None for t in group.trajectories):
+            self._failed_in_a_row += 1
+            await asyncio.sleep(min(4.0, 0.25 * 2 ** (self._failed_in_a_row - 1)))
+        else:
+            self._failed_in_a_row = 0
 
     async def run(self) -> dict[str, int]:
         """Produce groups until ``stop()``; re-raises the first failure of a group task."""
@@ -100,7 +115,11 @@ class RolloutWorker:
                     # would make these groups a version staler than admitted, and replay
                     # refuses them at put after all their generation (bench/pipeline.py: 4 of
                     # 68 groups, and the batches waiting on their replacements).
-                    await self.engine.sync_weights()
+                    try:
+                        await self.engine.sync_weights()
+                    except Exception:  # noqa: BLE001 - an engine died: its follower catches up
+                        log.warning("rollout: could not sync engine weights; starting the groups anyway",
+                                    exc_info=True)
                 active |= {asyncio.create_task(self._produce_one()) for _ in range(granted)}
                 if not active:
                     await asyncio.sleep(0.05)

@@ -25,7 +25,8 @@ def _config(tiny_run_config, tmp_path, name: str, extra: list[str]):
 def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_policy, ray_cluster,
                                                          tmp_path) -> None:
     """One run with Redis replay and every restartable component (IG scorer, environment
-    actor, two rollout actors, checkpoints every step), killed one after another, a step apart:
+    actor, two rollout actors, the engine, checkpoints every step), killed one after another, a
+    step apart:
 
     - the scorer's in-flight batch gets missing rewards (handled by ``rewards.on_missing``);
     - the environment actor's open episodes end with an error;
@@ -33,6 +34,9 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
       their reservations released;
     - rollout actor 0's reservations come back through replay's ledger, its in-flight groups
       counted lost (``rollout/lost_groups``);
+    - the engine is started again by Ray and loads the newest published weights before it
+      serves (one back on the initial weights would make every group stale: no step would
+      follow), its requests in flight ending their episodes with an error;
     - redis-server is started again on its port from its append-only file (every write was
       fsynced before its reply) while every client re-sends what it was doing;
     - the learner restarts from its step checkpoint inside the run, versions moving forward.
@@ -45,7 +49,7 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
         "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
         "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
     kills = [actor("ModelScorer"), actor("EnvHost"), actor("RewardService"), actor("RolloutWorker", "rollout"),
-             redis_server(Path(cfg.output_dir) / cfg.name), actor("LearnerWorker")]
+             actor("EngineServer"), redis_server(Path(cfg.output_dir) / cfg.name), actor("LearnerWorker")]
     result, recovery, run_dir, stages = run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
     for title, (restart_s, step_s) in recovery.items():

@@ -42,6 +42,15 @@ def test_group_version_is_oldest_turn() -> None:
     assert Group(group_id="g", task_id="task", trajectories=[a, b]).min_version() == 1
 
 
+def test_a_rollout_that_failed_before_acting_does_not_make_its_group_stale() -> None:
+    """An episode whose engine died on its first request has no turns and no weights version:
+    its group is as fresh as its other rollouts (a version 0 would get it refused as stale)."""
+    good, failed = make_traj(), make_traj()
+    failed.turns, failed.error, failed.finish_reason = [], "ActorDiedError: the engine died", "error"
+    assert Group(group_id="g", task_id="task", trajectories=[good, failed]).min_version() == 3
+    assert Group(group_id="g", task_id="task", trajectories=[failed]).min_version() == 0
+
+
 def test_jsonl_round_trip_keeps_everything(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     assert write_jsonl(path, [make_traj(), make_traj()]) == 2

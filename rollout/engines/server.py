@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator
 
+from rollout.cores import pin_process
 from rollout.engines import make_engine
 from rollout.engines.base import Chunk, Completion, SamplingParams
 from rollout.engines.transport import WeightHandle
@@ -22,13 +23,18 @@ log = logging.getLogger(__name__)
 
 
 class EngineServer:
-    def __init__(self, cfg: Any, model_path: str, seed: int = 0, weights: Any = None, rank: int = 1) -> None:
-        """``rank``: this engine's rank in the learner's weight broadcast group (1..N)."""
-        self.cfg, self.weights, self.rank = cfg, weights, rank
+    def __init__(self, cfg: Any, model_path: str, seed: int = 0, weights: Any = None, rank: int = 1,
+                 follow: bool = False) -> None:
+        """``rank``: this engine's rank in the learner's weight broadcast group (1..N).
+        ``follow``: this server owns its process (an actor): its first request calls
+        ``start`` if nobody has, so an actor that Ray started again after a crash pins its
+        cores and serves the newest weights, not the ones it was built with."""
+        self.cfg, self.weights, self.rank, self._follow_on_use = cfg, weights, rank, follow
         self._joined: dict[str, Any] | None = None
         # a stored policy (``cluster.storage``) is copied to this node first
         self.engine = make_engine(cfg, node_copy(model_path), seed=seed)
         self._follower: asyncio.Task | None = None
+        self._starting: asyncio.Future | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._follow_errors = 0
 
@@ -39,15 +45,32 @@ class EngineServer:
         when asked."""
         import torch
 
+        self._follow_on_use = False
         torch.set_num_threads(self.cfg.torch_threads)
+        if self.cfg.cpu_affinity:
+            pin_process(self.cfg.cpu_affinity, "rollout.engine.cpu_affinity")
         if self.weights is not None and self._follower is None:
             self._follower = asyncio.get_running_loop().create_task(self._follow())
         return self.engine.version
 
+    async def _started(self) -> None:
+        """In an actor nobody started (Ray started it again after a crash): start, and load
+        the newest weights before the first request is served; concurrent first requests
+        share the one start."""
+        if self._follow_on_use and self._starting is None:
+            self._starting = asyncio.ensure_future(self._restart())
+        if self._starting is not None and not self._starting.done():
+            await self._starting
+
+    async def _restart(self) -> None:
+        await self.start()
+        await self._load_newest()
+        log.warning("engine %d: started again (a restarted actor), serving version %d", self.rank, self.engine.version)
+
     async def _follow(self) -> None:
         while True:
             try:
-                await self.sync_weights()
+                await self._load_newest()
             except Exception:  # noqa: BLE001 - a failed poll must not stop serving
                 self._follow_errors += 1
                 log.exception("engine: polling the weight source failed; serving the current version")
@@ -55,6 +78,10 @@ class EngineServer:
 
     async def sync_weights(self) -> int:
         """Load the newest published version now, if newer than the one serving."""
+        await self._started()
+        return await self._load_newest()
+
+    async def _load_newest(self) -> int:
         if self.weights is None:
             return self.engine.version
         if self._sync_lock is None:
@@ -75,10 +102,12 @@ class EngineServer:
             self._joined = init
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Completion:
+        await self._started()
         return await self.engine.generate(prompt_ids, params, request_id)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
                      request_id: str) -> AsyncIterator[Chunk]:
+        await self._started()
         async for chunk in self.engine.stream(prompt_ids, params, request_id):
             yield chunk
 
@@ -89,6 +118,7 @@ class EngineServer:
         await self.engine.join_weight_group(init)
 
     async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+        await self._started()
         return await self.engine.prompt_logprobs(prompt_ids)
 
     async def pause(self) -> None:
