@@ -59,6 +59,11 @@ class HFEngineConfig(EngineGroupConfig):
     """Most sequences decoded together in one batch."""
     batch_wait_ms: float = Field(5.0, ge=0)
     """How long the batcher waits for more requests before starting a batch."""
+    join_wait_ms: float = Field(20.0, ge=0)
+    """Longest a request that arrives while a batch decodes waits to join it. Requests that
+    arrive within it join together: one prefill and one copy of the batch's KV cache for all
+    of them rather than one each (with tool-using episodes requests arrive one by one). 0:
+    each joins at the next decoding step."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype in the engine."""
     device: str = "cpu"

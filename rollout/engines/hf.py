@@ -369,9 +369,17 @@ class HFEngine(Engine):
         return RowSampler([r.params.temperature for r in reqs], [r.params.top_p for r in reqs], self._gen,
                           self.cfg.device)
 
-    def _may_join(self) -> bool:
-        """Whether waiting requests may join a running batch now: not while weights wait for
-        the batch to end (``between_batches``), or it might never end."""
+    def _may_join(self, running: int) -> bool:
+        """Whether waiting requests may join a batch of ``running`` rows now: at once into an
+        empty one; else once the oldest has waited ``join_wait_ms`` (those that arrive
+        meanwhile join with it: one prefill and one cache copy for all), and never while
+        weights wait for the batch to end (``between_batches``), or it might never end."""
+        with self._waiting_lock:
+            if not self._waiting:
+                return False
+            waited = time.perf_counter() - self._waiting[0].t0
+        if running and waited * 1000 < self.cfg.join_wait_ms:
+            return False
         if self.cfg.weight_update == "in_flight":
             return True
         with self._staged_lock:
@@ -411,7 +419,7 @@ class HFEngine(Engine):
                     rows.keep(going)
                     tok = tok[going]
                 self._forward(rows, tok)
-            joining = self._take_waiting(self.cfg.max_batch - len(going)) if self._may_join() else []
+            joining = self._take_waiting(self.cfg.max_batch - len(going)) if self._may_join(len(going)) else []
             if joining:
                 batch.extend(joining)
                 new = self._prefill(joining)
