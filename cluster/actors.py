@@ -169,8 +169,9 @@ def start_env_hosts(cfg: RunConfig) -> list[Any]:
     return [host.remote(cfg.env) for _ in range(spec.count)]
 
 
-def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) -> list[Any]:
-    """The run's engine group: ``rollout.engine.count`` actors, each following the broker."""
+def start_engines(cfg: RunConfig, policy_path: str, run_id: str) -> list[Any]:
+    """The run's engine group: ``rollout.engine.count`` actors, each following the run's
+    weight broker (started before them, found by its name)."""
     import ray
 
     from cluster.telemetry import instrument
@@ -183,8 +184,14 @@ def start_engines(cfg: RunConfig, policy_path: str, broker: Any, run_id: str) ->
     actor = ray.remote(instrument(EngineServer, "engine")).options(
         num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources, max_concurrency=eng.max_concurrency,
         max_restarts=restarts, max_task_retries=0)
-    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker), i + 1, follow=True)
+    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker_name(run_id)), i + 1,
+                         follow=True)
             for i in range(eng.count)]
+
+
+def broker_name(run_id: str) -> str:
+    """The weight broker's Ray actor name (engines find it by name)."""
+    return f"weights-{run_id}"
 
 
 def producer_id(worker: int) -> str:
@@ -226,8 +233,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
                                         resources=services).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
-    broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services).remote()
-    engines = start_engines(cfg, str(policy_path), broker, run_id)
+    broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services, name=broker_name(run_id)).remote()
+    engines = start_engines(cfg, str(policy_path), run_id)
     client = RayEngineClient(engines, str(policy_path))
     reward = start_reward_service(cfg, replay, broker, str(policy_path), client)
     envs = start_env_hosts(cfg)

@@ -49,13 +49,23 @@ class ActorPorts:
 
 class BrokerWeightSource:
     """The learner's weight broker as an engine's weight source: newer versions come back as
-    object-store handles, fetched by the engine only when it loads them."""
+    object-store handles, fetched by the engine only when it loads them. The broker is found
+    by its actor name on first use: an engine actor built with a name rather than a handle
+    holds nothing in the object store that Ray would need to start it again."""
 
-    def __init__(self, broker: Any) -> None:
-        self.broker = broker
+    def __init__(self, broker_name: str) -> None:
+        self.broker_name = broker_name
+        self._broker: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"broker_name": self.broker_name, "_broker": None}
 
     async def latest(self, have: int) -> tuple[int, WeightHandle] | None:
-        return await self.broker.latest.remote(have)
+        if self._broker is None:
+            import ray
+
+            self._broker = ray.get_actor(self.broker_name)
+        return await self._broker.latest.remote(have)
 
 
 class ActorEnvPort:

@@ -249,6 +249,43 @@ def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
         assert after["batches"] - before["batches"] == 1 and after["rows"] - before["rows"] == 3
 
 
+@pytest.mark.parametrize("join_wait_ms,joins", [(0.0, 1), (60_000.0, 0)])
+def test_join_wait_bounds_how_long_a_request_waits_to_join(client, kind, join_wait_ms, joins) -> None:
+    """HF: a request arriving mid-batch joins at the next step with ``join_wait_ms`` 0 and
+    finishes first; with a wait longer than the batch it never joins: it starts when the
+    batch has ended, a batch of its own."""
+    if kind != "hf":
+        pytest.skip("join_wait_ms is the HF engine's (vLLM schedules its own prefills)")
+    engine, saved = client.engine, client.engine.cfg
+    engine.cfg = saved.model_copy(update={"join_wait_ms": join_wait_ms})
+    order: list[str] = []
+
+    async def go():
+        async def long():
+            chunks = [c async for c in stream]
+            order.append("long")
+            return chunks
+
+        async def short():
+            out = await client.generate([9, 8, 7], SamplingParams(temperature=0.0, max_new_tokens=4))
+            order.append("short")
+            return out
+
+        stream = client.stream(PROMPT, LONG)
+        first = await stream.__anext__()
+        rest, out = await asyncio.gather(long(), short())
+        return [first, *rest], out
+
+    before = engine.stats()["joins"]
+    try:
+        chunks, out = _run(go())
+    finally:
+        engine.cfg = saved
+    assert len(out.token_ids) == 4 and sum(len(c.token_ids) for c in chunks) == 64
+    assert engine.stats()["joins"] - before == joins
+    assert order == (["short", "long"] if joins else ["long", "short"])
+
+
 def test_prompts_of_different_lengths_in_one_batch_decode_as_if_alone(client, tiny_policy) -> None:
     """Left padding and the decoding masks: each row of a batch of prompts of 3, 9 and 17
     tokens gets the greedy tokens and log-probs a plain forward loop gives it alone."""

@@ -132,7 +132,7 @@ class HFEngine(Engine):
         # on the same cores (measured: about 2x slower per token on 2 cores, bench/engines.py).
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-decode")
         self._stats = {"tokens": 0.0, "batches": 0.0, "rows": 0.0, "decode_s": 0.0, "weight_loads": 0.0,
-                       "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0}
+                       "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0, "joins": 0.0}
 
     @property
     def version(self) -> int:
@@ -421,6 +421,7 @@ class HFEngine(Engine):
                 self._forward(rows, tok)
             joining = self._take_waiting(self.cfg.max_batch - len(going)) if self._may_join(len(going)) else []
             if joining:
+                self._stats["joins"] += bool(going)  # into running rows, not a fresh start
                 batch.extend(joining)
                 new = self._prefill(joining)
                 if going:
