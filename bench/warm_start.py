@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     from cluster.config import load_config
     from envs.registry import make_task_source
     from learner.bootstrap import ensure_policy
-    from rollout.engines import make_engine
+    from rollout.engines import local_client
 
     cfg = load_config(args.config, args.overrides)
     source = make_task_source(cfg.env)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     policy = ensure_policy(cfg.policy, cfg.env, source, history_turns=cfg.rollout.history_turns)
     print(f"policy {policy} ready in {time.perf_counter() - t0:.0f} s")
     torch.set_num_threads(cfg.rollout.torch_threads)  # as a rollout worker; SFT used every core
-    engine = make_engine(cfg.rollout.engine, str(policy), seed=cfg.train.seed)
+    engine = local_client(cfg.rollout.engine, str(policy), seed=cfg.train.seed)
     for split in ("heldout", "train"):
         print(free_running(engine, source, cfg, split, args.tasks, args.samples), flush=True)
     print(imitation(engine, source, cfg, args.tasks))

@@ -3,10 +3,12 @@
 The model-copy scorer (``rewards.ig_scorer.IGScorer``) keeps its own copy of the policy and
 loads every published version into it. This one asks the engines that sampled the rollouts:
 each boundary row (context + answer template, the same rows ``IGScorer`` builds) is one
-prompt-log-prob request, and the row's value is the mean log-prob of its gold tokens. With
-vLLM the request is one prefill; the rows of a trajectory go to one engine, so with prefix
-caching the context its boundaries share stays in that engine's cache. The values are those
-of the weights the engine serves when it scores, recorded as the result's version.
+prompt-log-prob request, and the row's value is the mean log-prob of its gold tokens, asked
+from the first gold token on. The rows of a trajectory go to the engine that generated it (its
+session), whose prefix cache may still hold the context (the HF engine's until the weights
+change, vLLM's while its blocks last): then a row costs a prefill of its answer template only.
+The values are those of the weights the engine serves when it scores, recorded as the result's
+version.
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ class EngineIGScorer(IGRows):
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(row: _Row) -> tuple[int, float]:
+            first = min(row.predict_at) + 1  # the first gold token: nothing before it is needed
             async with gate:
-                session = f"ig:{trajectories[row.traj].trajectory_id}"
-                version, lps = await self.client.prompt_logprobs(row.ids, session_id=session)
-            gold = [lps[p] for p in row.predict_at]  # lps[p] scores token p + 1: a gold token
+                # The rollout's session: the engine that generated the context, which may
+                # still hold its KV (the HF engine's prefix cache, vLLM's)
+                session = trajectories[row.traj].trajectory_id
+                version, lps = await self.client.prompt_logprobs(row.ids, session_id=session, first=first)
+            gold = [lps[p + 1 - first] for p in row.predict_at]  # lps[j] scores token first + j
             return version, sum(gold) / len(gold)
 
         scored = await asyncio.gather(*[one(r) for r in rows])

@@ -64,6 +64,11 @@ class HFEngineConfig(EngineGroupConfig):
     arrive within it join together: one prefill and one copy of the batch's KV cache for all
     of them rather than one each (with tool-using episodes requests arrive one by one). 0:
     each joins at the next decoding step."""
+    prefix_cache_mib: float = Field(512.0, ge=0)
+    """KV of finished requests kept for reuse, in MiB: a request whose tokens extend one held
+    (an episode's next turn, an IG template after a generated context) prefills only the
+    tokens past it. Held per weights version (a new version starts empty); least recently
+    used out first. 0: off, every request prefills its whole prompt."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype in the engine."""
     device: str = "cpu"

@@ -81,7 +81,10 @@ async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor
             traj.finish_reason = "max_tokens"
             return
         t0 = time.perf_counter()
-        comp = await engine.generate(context, replace(params, max_new_tokens=budget))
+        # One session per episode: its turns go to one engine, whose prefix cache holds the
+        # context so far (each turn prefills only its new tokens)
+        comp = await engine.generate(context, replace(params, max_new_tokens=budget),
+                                     session_id=traj.trajectory_id)
         t1 = time.perf_counter()
         text = tok.decode(comp.token_ids, skip_special_tokens=True)
         step = await env.step(text)

@@ -377,6 +377,76 @@ def test_logprobs_match_a_plain_forward_pass(client, tiny_policy, temperature, t
         torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=2e-4, rtol=0)
 
 
+def test_prompt_logprobs_from_first_are_the_tail_of_the_whole_prompts(client) -> None:
+    """``first`` = k gives the log-probs of tokens k.. only, equal to the whole prompt's from
+    k - 1 on; a ``first`` that names no scorable token is refused, naming it."""
+    prompt = list(range(20, 45))
+
+    async def go():
+        return await asyncio.gather(client.prompt_logprobs(prompt), client.prompt_logprobs(prompt, first=18),
+                                    client.prompt_logprobs(prompt, first=24))
+
+    (v_all, whole), (v_18, tail), (_, last) = _run(go())
+    assert v_all == v_18 == client.version and len(whole) == 24 and len(tail) == 7 and len(last) == 1
+    torch.testing.assert_close(torch.tensor(tail), torch.tensor(whole[17:]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(last), torch.tensor(whole[-1:]), atol=1e-4, rtol=0)
+    for bad in (0, 25):
+        with pytest.raises(ValueError, match=f"first={bad}"):
+            _run(client.prompt_logprobs(prompt, first=bad))
+
+
+def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client, kind, tiny_policy) -> None:
+    """HF engine's prefix cache: the next turn of an episode (prompt + completion + an
+    observation) and an answer template scored after it reuse the kept KV, and get what a
+    plain forward pass gives them; after a weight update nothing of the old version is
+    reused."""
+    if kind != "hf":
+        pytest.skip("vLLM's prefix cache is its own (tested by vLLM)")
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = client.engine.stats()
+    first = _run(client.generate(PROMPT, params))
+    turn2 = PROMPT + first.token_ids + [30, 31, 32, 33]
+    second = _run(client.generate(turn2, params))
+    after = client.engine.stats()
+    # the first turn's prompt and all its tokens but the last (never fed forward) are kept
+    assert after["prefix_reused_tokens"] - before["prefix_reused_tokens"] == len(PROMPT) + 8 - 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
+    _assert_greedy_alone(model, turn2, second)
+
+    scored = turn2 + second.token_ids + [40, 41, 42]
+    version, lps = _run(client.prompt_logprobs(scored, first=len(turn2) + 8))
+    assert client.engine.stats()["prefix_reused_tokens"] - after["prefix_reused_tokens"] == len(turn2) + 8 - 1
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([scored])).logits[0].float(), -1)
+    want = logp[len(turn2) + 7:-1].gather(-1, torch.tensor(scored[len(turn2) + 8:])[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(lps), want, atol=2e-4, rtol=0)
+
+    again = client.engine.stats()
+    _run(client.update_weights(client.version + 1, InMemoryWeights(_local_state(tiny_policy[0]))))
+    _run(client.generate(turn2, params))
+    assert client.engine.stats()["prefix_reused_tokens"] == again["prefix_reused_tokens"]
+
+
+def test_prompt_logprobs_are_served_while_a_batch_decodes(client, kind) -> None:
+    """A scorer is not held up by a running batch: the HF engine scores between decoding
+    steps, so the answer comes back while a long generation is still running."""
+    if kind != "hf":
+        pytest.skip("vLLM schedules prompt log-probs with its own requests")
+    slow = SamplingParams(temperature=0.0, max_new_tokens=400)
+
+    async def go():
+        stream = client.stream(PROMPT, slow)
+        await stream.__anext__()
+        await client.prompt_logprobs(list(range(20, 40)), first=10)
+        rest = [c async for c in stream]
+        return rest
+
+    rest = _run(go())
+    assert len(rest) > 50  # most of the 400 tokens were still to come
+
+
 @pytest.mark.slow
 def test_engine_group_on_ray(tiny_policy, ray_cluster) -> None:
     """Two engine actors behind one RayEngineClient: sessions stick to an engine, streams and

@@ -9,7 +9,7 @@ import torch
 
 from envs.base import Environment, Observation, StepResult
 from rollout import chat
-from rollout.engines import make_engine
+from rollout.engines import local_client
 from rollout.engines.base import SamplingParams
 from rollout.config import HFEngineConfig
 from rollout.episode import run_episode
@@ -17,7 +17,8 @@ from rollout.episode import run_episode
 
 @pytest.fixture(scope="module")
 def engine(tiny_policy):
-    return make_engine(HFEngineConfig(), tiny_policy[0], seed=0)
+    """The HF engine in this process, behind the client interface episodes use."""
+    return local_client(HFEngineConfig(), tiny_policy[0], seed=0)
 
 
 def test_appended_tokens_equal_template_render(engine, tiny_policy) -> None:
@@ -45,7 +46,7 @@ def test_behaviour_logprobs_match_a_plain_forward(engine) -> None:
     for prompt, comp in zip(prompts, outs):
         seq = torch.tensor([prompt + comp.token_ids])
         with torch.no_grad():
-            logp = torch.log_softmax(engine.model(input_ids=seq).logits[0, :-1].float(), -1)
+            logp = torch.log_softmax(engine.engine.model(input_ids=seq).logits[0, :-1].float(), -1)
         ref = logp[len(prompt) - 1 :].gather(-1, seq[0, len(prompt):, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(comp.logprobs), ref, atol=2e-4, rtol=1e-4)
         assert comp.version == 0 and len(comp.token_ids) == len(comp.logprobs) <= 12
@@ -58,7 +59,7 @@ def test_greedy_is_deterministic_and_an_idle_engine_loads_weights_at_once(engine
     a = asyncio.run(engine.generate([5, 6, 7], params))
     b = asyncio.run(engine.generate([5, 6, 7], params))
     assert a.token_ids == b.token_ids
-    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    state = {k: v.clone() for k, v in engine.engine.model.state_dict().items()}
     assert asyncio.run(engine.update_weights(3, InMemoryWeights(state))) == 3
     c = asyncio.run(engine.generate([5, 6, 7], params))
     assert c.version == 3 and c.version_spans == [(0, 3)] and c.token_ids == a.token_ids

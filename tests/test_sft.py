@@ -22,7 +22,7 @@ class _Replay:
     def __init__(self, tokenizer, actions: list[list[int]]) -> None:
         self.tokenizer, self.actions, self.contexts = tokenizer, list(actions), []
 
-    async def generate(self, prompt_ids, params):
+    async def generate(self, prompt_ids, params, session_id=None):
         self.contexts.append(list(prompt_ids))
         ids = self.actions.pop(0)
         return Completion(request_id=f"replay-{len(self.contexts)}", token_ids=ids, logprobs=[0.0] * len(ids),

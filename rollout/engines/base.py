@@ -110,11 +110,13 @@ class Engine(ABC):
         """Sample one completion of ``prompt_ids``."""
 
     @abstractmethod
-    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
-        """Score a prompt without sampling: ``(version, lp)`` where ``lp[i]`` is
-        log pi(prompt_ids[i + 1] | prompt_ids[: i + 1]) under the serving weights (untempered),
-        for i = 0 .. len - 2. Used by scorers that read the behaviour policy's log-probs
-        (IG gold answers) from the engine instead of a model copy of their own."""
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+        """Score a prompt without sampling: ``(version, lp)`` where ``lp[j]`` is
+        log pi(prompt_ids[first + j] | prompt_ids[: first + j]) under the serving weights
+        (untempered), for every token from index ``first`` (>= 1) on. Used by scorers that read
+        the behaviour policy's log-probs (IG gold answers) from the engine instead of a model
+        copy of their own; a ``first`` past a context the engine has just generated from lets
+        an engine with a prefix cache compute only the tokens after it."""
 
     @abstractmethod
     async def abort(self, request_id: str) -> bool:
@@ -145,3 +147,10 @@ class Engine(ABC):
 
     async def close(self) -> None:
         """Stop background work."""
+
+
+def check_first(first: int, n_tokens: int) -> None:
+    """``prompt_logprobs``'s ``first`` must name a token of the prompt past its first."""
+    if not 1 <= first < n_tokens:
+        raise ValueError(f"prompt_logprobs: first={first} must be >= 1 and below the prompt's "
+                         f"{n_tokens} tokens (the first token has no prefix to score it by)")

@@ -47,8 +47,11 @@ class EngineClient(ABC):
         """End an open request now; False when no engine holds it."""
 
     @abstractmethod
-    async def prompt_logprobs(self, prompt_ids: list[int], session_id: str | None = None) -> tuple[int, list[float]]:
-        """``(version, log-probs of prompt_ids[1:])`` from one engine (see ``Engine``)."""
+    async def prompt_logprobs(self, prompt_ids: list[int], session_id: str | None = None,
+                              first: int = 1) -> tuple[int, list[float]]:
+        """``(version, log-probs of prompt_ids[first:])`` from one engine (see ``Engine``);
+        the engine ``session_id`` picks, as for ``generate``: the one that generated the
+        context, whose prefix cache holds it."""
 
     @abstractmethod
     async def pause(self) -> None: ...
@@ -107,8 +110,8 @@ class LocalEngineClient(EngineClient):
     async def abort(self, request_id: str) -> bool:
         return await self.server.abort(request_id)
 
-    async def prompt_logprobs(self, prompt_ids, session_id=None) -> tuple[int, list[float]]:
-        return await self.server.prompt_logprobs(prompt_ids)
+    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1) -> tuple[int, list[float]]:
+        return await self.server.prompt_logprobs(prompt_ids, first)
 
     async def pause(self) -> None:
         await self.server.pause()
@@ -203,11 +206,11 @@ class RayEngineClient(EngineClient):
             if not finished:  # the consumer left early: free the engine's row
                 await self.handles[idx].abort.remote(rid)
 
-    async def prompt_logprobs(self, prompt_ids, session_id=None) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1) -> tuple[int, list[float]]:
         idx = self._pick(session_id)  # a shared session id keeps one context's rows on one engine
         self._outstanding[idx] += 1
         try:
-            version, lps = await self.handles[idx].prompt_logprobs.remote(prompt_ids)
+            version, lps = await self.handles[idx].prompt_logprobs.remote(prompt_ids, first)
         finally:
             self._outstanding[idx] -= 1
         self._seen(version)

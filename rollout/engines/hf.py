@@ -11,6 +11,12 @@ to the batch's length or the batch's to theirs), so a request never waits for a 
 end and the batch stays full when requests arrive staggered (multi-turn episodes, live
 sessions).
 
+Prefixes are reused: the KV of every finished row is kept (``rollout.engines.prefix_cache``,
+``prefix_cache_mib``), and a request whose tokens extend a kept row (an episode's next turn, an
+IG answer template after a context just generated from) prefills only the tokens past it.
+Prompt log-probs (``prompt_logprobs``) are scored in batches on the same thread, between
+decoding steps, so a scorer is never held up by a batch that keeps going.
+
 Between decoding steps the thread also honours the control plane: aborted rows finish, a pause
 holds the batch, and staged weights are loaded (``weight_update: in_flight``, the default), so
 a long completion continues on the new weights and records the version change; with
@@ -29,9 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
 import torch
+import torch.nn.functional as F
 
 from rollout.config import HFEngineConfig
-from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, new_request_id
+from rollout.engines.base import (Chunk, Completion, Engine, SamplingParams, add_span, check_first,
+                                  new_request_id)
+from rollout.engines.prefix_cache import LayerKV, PrefixCache
 from rollout.engines.sampling import RowSampler
 from rollout.engines.transport import WeightHandle
 
@@ -50,6 +59,19 @@ class _Request:
     spans: list[tuple[int, int]] = field(default_factory=list)
     aborted: bool = False
     t0: float = field(default_factory=time.perf_counter)
+    kv_version: int = -1
+    """The weights version its prefill ran on: its KV is kept only if every token was computed
+    on that version."""
+
+
+@dataclass
+class _Score:
+    """A prompt log-prob request: ``ids``'s tokens from ``first`` on, each given its prefix."""
+
+    ids: list[int]
+    first: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
 
 
 class _Rows:
@@ -120,6 +142,10 @@ class HFEngine(Engine):
         self._waiting: deque[_Request] = deque()
         """Requests not yet decoding; the batcher and the decode thread (joins) take from it."""
         self._waiting_lock = threading.Lock()
+        self._scoring: deque[_Score] = deque()
+        """Prompt log-prob requests; the decode thread scores them between steps or batches."""
+        self._prefix = PrefixCache(int(cfg.prefix_cache_mib * 2**20))
+        """Touched on the decode thread only."""
         self._arrived: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -191,18 +217,51 @@ class HFEngine(Engine):
 
         await asyncio.to_thread(BroadcastGroup.join, init, self.cfg.device)
 
-    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
-        # On the decode thread, between batches: torch calls stay on the one thread that owns
-        # the OpenMP pool, and weights never change under the forward pass.
-        return await asyncio.get_running_loop().run_in_executor(self._decoder, self._score_prompt, list(prompt_ids))
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+        ids = list(prompt_ids)
+        check_first(first, len(ids))
+        loop = asyncio.get_running_loop()
+        item = _Score(ids, first, loop, loop.create_future())
+        with self._waiting_lock:
+            self._scoring.append(item)
+        # On the decode thread: torch calls stay on the one thread that owns the OpenMP pool. A
+        # running batch scores it at its next step and this call then finds nothing left.
+        loop.run_in_executor(self._decoder, self._score_waiting)
+        return await item.future
 
-    @torch.no_grad()
-    def _score_prompt(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
-        with self._staged_lock:
+    @torch.inference_mode()
+    def _score_waiting(self) -> None:
+        """Score every waiting prompt log-prob request, ``max_batch`` rows per forward pass."""
+        while True:
+            with self._waiting_lock:
+                items = [self._scoring.popleft() for _ in range(min(len(self._scoring), self.cfg.max_batch))]
+            if not items:
+                return
+            try:
+                results = self._score(items)
+            except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
+                for it in items:
+                    it.loop.call_soon_threadsafe(_fail, it.future, exc)
+                continue
+            for it, result in zip(items, results):
+                it.loop.call_soon_threadsafe(_resolve, it.future, result)
+
+    def _score(self, items: list[_Score]) -> list[tuple[int, list[float]]]:
+        """One forward over the tokens of ``items`` past their kept prefixes (never past
+        ``first - 1``: a kept prefix has keys and values, not logits)."""
+        with self._staged_lock:  # weights never change under the forward pass
             version = self._version
-            ids = torch.tensor([prompt_ids], device=self.cfg.device)
-            logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), dim=-1)
-        return version, logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()
+            reuse = [self._prefix.lookup(it.ids, version, it.first - 1) for it in items]
+            keep = max(len(it.ids) - it.first + 1 for it in items)
+            out, _, _ = self._extend([it.ids for it in items], reuse, keep)
+        logp = torch.log_softmax(out.logits.float(), dim=-1)  # the last ``keep`` positions
+        results = []
+        for i, it in enumerate(items):
+            n = len(it.ids)  # position p's logits are at kept column keep - n + p
+            cols = torch.arange(it.first - 1, n - 1, device=logp.device) + keep - n
+            targets = torch.tensor(it.ids[it.first:], device=logp.device)
+            results.append((version, logp[i, cols].gather(-1, targets[:, None])[:, 0].tolist()))
+        return results
 
     async def abort(self, request_id: str) -> bool:
         req = self._open.get(request_id)
@@ -344,18 +403,69 @@ class HFEngine(Engine):
             self._loop.call_soon_threadsafe(self._finish, req, reason)
 
     def _prefill(self, reqs: list[_Request]) -> _Rows:
-        """Left-padded prefill of ``reqs``: their cache and their first tokens' logits."""
+        """Prefill of ``reqs``, each past the longest kept prefix of its prompt (all but its
+        last token at most: that one's logits start the decoding): their cache and their
+        first tokens' logits."""
+        for r in reqs:
+            r.kv_version = self._version
+        reuse = [self._prefix.lookup(r.prompt_ids, self._version, len(r.prompt_ids) - 1) for r in reqs]
+        out, mask, pos = self._extend([r.prompt_ids for r in reqs], reuse, keep=1)
+        return _Rows(list(reqs), out.past_key_values, mask, pos[:, -1:] + 1, out.logits[:, -1])
+
+    def _extend(self, prompts: list[list[int]], reuse: list[tuple[int, list[LayerKV]]],
+                keep: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One forward pass over each prompt's tokens past its reused prefix (``reuse[i]``: its
+        length r and KV); the output (logits of the last ``keep`` positions), the cache's
+        padding mask and the new tokens' positions.
+
+        Row i is laid out ``[left padding | r reused | padding | the s new tokens]``: the reused
+        KV left-padded to the longest reuse R, the new tokens right-aligned in a block as wide
+        as the longest s, masked columns in between (positions come from the ids, not the
+        columns, so a gap changes nothing). Without reuse this is a plain left-padded prefill."""
         dev = self.cfg.device
-        n, width = len(reqs), max(len(r.prompt_ids) for r in reqs)
-        ids = torch.full((n, width), self._tokenizer.pad_token_id or 0, dtype=torch.long)
-        att = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            att[i, width - len(r.prompt_ids):] = 1
-        ids, att = ids.to(dev), att.to(dev)
-        pos = (att.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
-        return _Rows(list(reqs), out.past_key_values, att.bool(), pos[:, -1:] + 1, out.logits[:, -1])
+        n, width = len(prompts), max(r for r, _ in reuse)
+        new = max(len(p) - r for p, (r, _) in zip(prompts, reuse))
+        ids = torch.full((n, new), self._tokenizer.pad_token_id or 0, dtype=torch.long)
+        att = torch.zeros((n, width + new), dtype=torch.long)
+        pos = torch.zeros((n, new), dtype=torch.long)
+        for i, (p, (r, _)) in enumerate(zip(prompts, reuse)):
+            s = len(p) - r
+            ids[i, new - s:] = torch.tensor(p[r:])
+            att[i, width - r:width] = 1
+            att[i, width + new - s:] = 1
+            pos[i, new - s:] = torch.arange(r, len(p))
+        ids, att, pos = ids.to(dev), att.to(dev), pos.to(dev)
+        past = self._past(reuse, width) if width else None
+        out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=past,
+                         use_cache=True, logits_to_keep=keep)
+        return out, att.bool(), pos
+
+    def _past(self, reuse: list[tuple[int, list[LayerKV]]], width: int) -> Any:
+        """A batch cache (``DynamicCache``) of the reused prefixes, each left-padded to
+        ``width`` columns."""
+        from transformers import DynamicCache
+
+        like = next(kv for r, kv in reuse if r)
+        cache = DynamicCache(config=self.model.config)
+        for layer, (k0, _) in enumerate(like):
+            blank = k0.new_zeros((k0.shape[0], width, k0.shape[2]))
+            keys = [F.pad(kv[layer][0], (0, 0, width - r, 0)) if r else blank for r, kv in reuse]
+            values = [F.pad(kv[layer][1], (0, 0, width - r, 0)) if r else blank for r, kv in reuse]
+            cache.update(torch.stack(keys).to(self.cfg.device), torch.stack(values).to(self.cfg.device), layer)
+        return cache
+
+    def _remember(self, rows: _Rows, going: list[int]) -> None:
+        """Keep the KV of the rows leaving: their prompt and every token fed forward (all but
+        the last one sampled), when one weights version computed all of it."""
+        stay = set(going)
+        for i, req in enumerate(rows.reqs):
+            if i in stay or req.aborted or req.kv_version != self._version or self._prefix.max_bytes <= 0:
+                continue
+            ids = req.prompt_ids + req.token_ids[:-1]
+            cols = rows.mask[i].nonzero()[:, 0]
+            if len(cols) == len(ids):  # the row's real columns are exactly these tokens
+                kv = [(layer.keys[i][:, cols], layer.values[i][:, cols]) for layer in rows.cache.layers]
+                self._prefix.add(ids, kv, self._version)
 
     def _forward(self, rows: _Rows, tokens: torch.Tensor) -> None:
         """One decoding step: each row's sampled token in, its next-token logits out."""
@@ -412,8 +522,12 @@ class HFEngine(Engine):
         sampler = self._sampler(rows.reqs)
         while True:
             self._step_boundary()
+            if self._scoring:
+                self._score_waiting()
             going, tok = self._sample_and_emit(rows, sampler)
             changed = len(going) < len(rows.reqs)
+            if changed:
+                self._remember(rows, going)
             if going:
                 if changed:
                     rows.keep(going)
@@ -439,9 +553,20 @@ class HFEngine(Engine):
         self._stats["decode_s"] += time.perf_counter() - t0
 
     def stats(self) -> dict[str, float]:
-        return {**self._stats, "open_requests": float(len(self._open)), "version": float(self._version)}
+        return {**self._stats, **self._prefix.stats, "prefix_entries": float(len(self._prefix)),
+                "open_requests": float(len(self._open)), "version": float(self._version)}
 
     async def close(self) -> None:
         if self._batcher is not None:
             self._batcher.cancel()
         self._decoder.shutdown(wait=False)
+
+
+def _resolve(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -117,9 +117,9 @@ class EngineServer:
     async def join_weight_group(self, init: dict[str, Any]) -> None:
         await self.engine.join_weight_group(init)
 
-    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
         await self._started()
-        return await self.engine.prompt_logprobs(prompt_ids)
+        return await self.engine.prompt_logprobs(prompt_ids, first)
 
     async def pause(self) -> None:
         await self.engine.pause()

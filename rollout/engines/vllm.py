@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
 
 from rollout.config import VLLMEngineConfig
-from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, new_request_id
+from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, check_first, new_request_id
 from rollout.engines.transport import BroadcastWeights, FileWeights, WeightHandle, write_safetensors
 
 T = TypeVar("T")
@@ -249,8 +249,10 @@ class VLLMEngine(Engine):
         # The receiving end lives in vLLM's worker (where the weights are), not in this process.
         await self._on_loop(self._llm.collective_rpc("turnrl_join_broadcast", args=(dict(init),)))
 
-    async def prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
-        return await self._on_loop(self._prompt_logprobs(list(prompt_ids)))
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+        check_first(first, len(prompt_ids))
+        version, lps = await self._on_loop(self._prompt_logprobs(list(prompt_ids)))
+        return version, lps[first - 1:]  # vLLM scores the whole prompt (its prefix cache saves the KV)
 
     async def _prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
         """vLLM's prompt log-probs (``prompt_logprobs=0``: the prompt token's own), from one
