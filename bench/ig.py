@@ -1,9 +1,16 @@
 """Benchmark: IGPO scoring, batched vs one forward per turn, against generation time.
 
 Builds a tiny random-init Llama over a byte-level BPE tokenizer (``bench/tiny_llama.py``, shared
-with tests/test_ig.py), rolls out N trajectories of T turns with ``model.generate`` (sampled
-actions; random-token tool observations of realistic lengths), then scores every turn boundary with
-``IGScorer.score`` (batched) and ``IGScorer.score_per_turn`` (reference), in the same process.
+with tests/test_ig.py), rolls out N trajectories of T turns through the HF engine (sampled
+actions, one session per trajectory; random-token tool observations of realistic lengths), then
+scores every turn boundary, in the same process, with:
+
+- the engine that sampled them (``rewards.ig.scorer: engine``, ``EngineIGScorer``): its prefix
+  cache still holds each context, so a boundary costs its answer template; and again after a
+  weights update, when nothing is reused (the cost when the learner published in between);
+- the model-copy scorer (``IGScorer.score``): shared-prefix and per-row batched passes;
+- ``IGScorer.score_per_turn``: one plain forward per boundary, the reference every line is
+  checked against and timed against.
 
     .venv/bin/python bench/ig.py --quick
     .venv/bin/python bench/ig.py --trajectories 32 --turns 4 --hidden 256 --layers 4
@@ -12,6 +19,7 @@ actions; random-token tool observations of realistic lengths), then scores every
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import sys
 import tempfile
@@ -24,7 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.tiny_llama import build_tiny_llama  # noqa: E402
 from rewards.config import IGConfig  # noqa: E402
+from rewards.ig_engine import EngineIGScorer  # noqa: E402
 from rewards.ig_scorer import IGScorer  # noqa: E402
+from rollout.config import HFEngineConfig  # noqa: E402
+from rollout.engines import local_client  # noqa: E402
+from rollout.engines.base import SamplingParams  # noqa: E402
+from rollout.engines.transport import InMemoryWeights  # noqa: E402
 from rollout.trajectory import Trajectory, Turn  # noqa: E402
 
 CORPUS = [
@@ -38,40 +51,21 @@ GOLDS = ["Paris", "Berlin", "Madrid", "Rome", "capital of Italy"]
 
 
 def build_tiny(path: Path, hidden: int, layers: int, vocab: int, model_vocab: int = 0) -> tuple:
-    """The tiny model and tokenizer over ``CORPUS``, the tokenizer left padded for generate.
+    """The tiny model and tokenizer over ``CORPUS``.
 
     ``model_vocab`` > tokenizer size pads the embedding/lm_head with never-used rows, so the
     head costs what a real model's does (the logits saving of the scorer shows up).
     """
-    model, tok = build_tiny_llama(
+    return build_tiny_llama(
         path, CORPUS * 10, vocab=vocab, hidden=hidden, layers=layers, max_positions=4096,
         model_vocab=model_vocab,
     )
-    tok.padding_side = "left"  # generation batches are left padded
-    return model, tok
 
 
-def _generate(model, tok, contexts: list[list[int]], n_new: int, device: str) -> list[list[int]]:
-    """Sample exactly n_new tokens for every context in one left-padded generate call."""
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, c in enumerate(contexts):
-        ids[i, width - len(c) :] = torch.tensor(c)
-        mask[i, width - len(c) :] = 1
-    out = model.generate(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        do_sample=True,
-        max_new_tokens=n_new,
-        min_new_tokens=n_new,
-        pad_token_id=tok.pad_token_id,
-    )
-    return out[:, width:].tolist()
-
-
-def rollout(model, tok, args, device: str) -> tuple[list[Trajectory], float]:
-    """N trajectories x T turns; returns them and the seconds spent in generate."""
+def rollout(client, tok, args) -> tuple[list[Trajectory], float]:
+    """N trajectories x T turns sampled by the HF engine (what rollout workers call: one
+    session per trajectory, all trajectories' turns concurrent); returns them and the seconds
+    spent generating. Observations are random tokens of realistic lengths."""
     rng = random.Random(0)
     vocab = list(range(2, len(tok)))  # skip <pad>, <eos>
     prompts = [[rng.choice(vocab) for _ in range(rng.randint(*args.prompt_len))]
@@ -80,22 +74,26 @@ def rollout(model, tok, args, device: str) -> tuple[list[Trajectory], float]:
     turns: list[list[Turn]] = [[] for _ in prompts]
     gen_s = 0.0
     for t in range(args.turns):
-        n_new = rng.randint(*args.action_len)
+        params = SamplingParams(temperature=1.0, max_new_tokens=rng.randint(*args.action_len))
         start = time.perf_counter()
-        actions = _generate(model, tok, contexts, n_new, device)
+        outs = asyncio.run(_turn(client, contexts, params))
         gen_s += time.perf_counter() - start
         last = t == args.turns - 1
-        for i, action in enumerate(actions):
+        for i, out in enumerate(outs):
             obs = [] if last else [rng.choice(vocab) for _ in range(rng.randint(*args.obs_len))]
-            turns[i].append(Turn(action_ids=action, action_logprobs=[0.0] * len(action),
-                                 policy_version=0, observation_ids=obs))
-            contexts[i] += action + obs
+            turns[i].append(Turn(action_ids=out.token_ids, action_logprobs=out.logprobs,
+                                 policy_version=out.version, observation_ids=obs))
+            contexts[i] += out.token_ids + obs
     trajs = [
         Trajectory(trajectory_id=f"b{i}", task_id=f"t{i}", group_id=f"g{i // 8}",
                    prompt_ids=prompts[i], turns=turns[i], gold_answers=[GOLDS[i % len(GOLDS)]])
         for i in range(args.trajectories)
     ]
     return trajs, gen_s
+
+
+async def _turn(client, contexts: list[list[int]], params: SamplingParams) -> list:
+    return await asyncio.gather(*[client.generate(c, params, session_id=f"b{i}") for i, c in enumerate(contexts)])
 
 
 def work(scorer: IGScorer, trajs: list[Trajectory]) -> tuple[float, float]:
@@ -113,6 +111,13 @@ def work(scorer: IGScorer, trajs: list[Trajectory]) -> tuple[float, float]:
         tokens["shared"] += ctx + m * len(item.lengths)
         pairs["shared"] += ctx * (ctx + 1) // 2 + sum(m * n + m * (m + 1) // 2 for n in item.lengths)
     return tokens["turn"] / tokens["shared"], pairs["turn"] / pairs["shared"]
+
+
+async def _after_update(client, model, engine: EngineIGScorer, trajs: list[Trajectory]) -> list:
+    """Engine IG right after a weights update (the same weights as a new version): nothing
+    the engine held is reused. The update itself is timed too (an idle engine: ~ms)."""
+    await client.update_weights(client.version + 1, InMemoryWeights(model.state_dict()))
+    return await engine.score(trajs)
 
 
 def timed(fn, *a, repeat: int = 1, **kw) -> tuple[object, float]:
@@ -147,18 +152,26 @@ def main(argv: list[str] | None = None) -> None:
         args.prompt_len, args.action_len, args.obs_len = (48, 96), (16, 48), (32, 128)
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build_tiny(Path(tmp), args.hidden, args.layers, args.vocab, args.model_vocab)
+        client = local_client(HFEngineConfig(device=args.device), tmp, seed=0)
     model.to(args.device)
-    trajs, gen_s = rollout(model, tok, args, args.device)
-    shared = IGScorer(model, tok, IGConfig(token_budget=args.token_budget))
-    per_row = IGScorer(model, tok, IGConfig(token_budget=args.token_budget, share_prefix=False))
+    trajs, gen_s = rollout(client, tok, args)
+    cfg = IGConfig(token_budget=args.token_budget)
+    shared = IGScorer(model, tok, cfg)
+    per_row = IGScorer(model, tok, cfg.model_copy(update={"share_prefix": False}))
+    engine = EngineIGScorer(client, tok, cfg)
     shared.score(trajs[:2])  # warm-up (allocator, kernels)
     per_row.score(trajs[:2])
     res_shared, shared_s = timed(shared.score, trajs, repeat=args.repeat)
     res_rows, rows_s = timed(per_row.score, trajs, repeat=args.repeat)
     res_ref, ref_s = timed(per_row.score_per_turn, trajs, repeat=args.repeat)
+    # The engine that sampled the trajectories still holds their contexts' KV (same weights
+    # version): each boundary costs a prefill of its answer template only. Then the same after
+    # a weights update (an async run's learner published meanwhile): nothing is reused.
+    res_warm, warm_s = timed(lambda: asyncio.run(engine.score(trajs)), repeat=args.repeat)
+    res_cold, cold_s = timed(lambda: asyncio.run(_after_update(client, model, engine, trajs)), repeat=args.repeat)
     err = max(
         abs(a - b)
-        for res in (res_shared, res_rows)
+        for res in (res_shared, res_rows, res_warm, res_cold)
         for x, y in zip(res, res_ref)
         for a, b in zip(x.values, y.values)
     )
@@ -173,15 +186,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"trajectories={len(trajs)} turns={args.turns} tokens={tokens} "
           f"boundaries={len(per_row.rows(trajs))} budget={args.token_budget} "
           f"batches shared/per-row={n_batches[0]}/{n_batches[1]}")
-    print(f"generate              {gen_s:8.3f} s")
-    for name, secs in (("ig shared-prefix", shared_s), ("ig per-row batched", rows_s),
+    print(f"generate (HF engine)         {gen_s:8.3f} s")
+    for name, secs in (("ig engine, KV kept", warm_s), ("ig engine, new weights", cold_s),
+                       ("ig model copy, shared", shared_s), ("ig model copy, per-row", rows_s),
                        ("ig per-turn (ref)", ref_s)):
-        print(f"{name:<21} {secs:8.3f} s  ({secs / gen_s:6.1%} of generate, "
+        print(f"{name:<27} {secs:8.3f} s  ({secs / gen_s:6.1%} of generate, "
               f"{ref_s / secs:5.2f}x vs per-turn)")
     print(f"max |v - v_ref| = {err:.2e}")
     tok_ratio, pair_ratio = work(shared, trajs)
     print(f"work per-turn / shared: {tok_ratio:.2f}x tokens, {pair_ratio:.2f}x attention pairs "
           "(what sharing the prefix saves; a speedup beyond it needs faster kernels)")
+    asyncio.run(client.engine.close())
 
 if __name__ == "__main__":
     main()

@@ -47,7 +47,17 @@ class EngineIGScorer(IGRows):
             gold = [lps[p + 1 - first] for p in row.predict_at]  # lps[j] scores token first + j
             return version, sum(gold) / len(gold)
 
-        scored = await asyncio.gather(*[one(r) for r in rows])
+        async def in_order(mine: list[_Row]) -> list[tuple[int, float]]:
+            # A trajectory's boundaries one after another, shortest context first: each
+            # extends the one before, so an engine with a prefix cache computes every context
+            # token once even when it no longer holds the rollout's (new weights since)
+            return [await one(r) for r in mine]
+
+        by_traj: dict[int, list[_Row]] = {}
+        for r in sorted(rows, key=lambda r: (r.traj, r.boundary)):
+            by_traj.setdefault(r.traj, []).append(r)
+        rows = [r for mine in by_traj.values() for r in mine]
+        scored = [s for done in await asyncio.gather(*map(in_order, by_traj.values())) for s in done]
         values = {(r.traj, r.boundary): v for r, (_, v) in zip(rows, scored)}
         versions: dict[int, int] = {}
         for r, (version, _) in zip(rows, scored):

@@ -69,6 +69,9 @@ class HFEngineConfig(EngineGroupConfig):
     (an episode's next turn, an IG template after a generated context) prefills only the
     tokens past it. Held per weights version (a new version starts empty); least recently
     used out first. 0: off, every request prefills its whole prompt."""
+    score_batch_tokens: int = Field(8192, ge=1)
+    """Most prompt tokens scored in one forward pass of ``prompt_logprobs`` (IG's engine
+    scorer): bounds the pass's attention mask and padding when nothing is reused."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype in the engine."""
     device: str = "cpu"

@@ -405,13 +405,15 @@ def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client,
     from transformers import AutoModelForCausalLM
 
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    prompt = list(range(20, 40))  # reuse starts at a block (16 tokens)
     before = client.engine.stats()
-    first = _run(client.generate(PROMPT, params))
-    turn2 = PROMPT + first.token_ids + [30, 31, 32, 33]
+    first = _run(client.generate(prompt, params))
+    turn2 = prompt + first.token_ids + [30, 31, 32, 33]
     second = _run(client.generate(turn2, params))
     after = client.engine.stats()
     # the first turn's prompt and all its tokens but the last (never fed forward) are kept
-    assert after["prefix_reused_tokens"] - before["prefix_reused_tokens"] == len(PROMPT) + 8 - 1
+    assert len(first.token_ids) == 8
+    assert after["prefix_reused_tokens"] - before["prefix_reused_tokens"] == len(prompt) + 8 - 1
     model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
     _assert_greedy_alone(model, turn2, second)
 

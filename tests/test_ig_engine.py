@@ -45,8 +45,12 @@ def test_engine_ig_equals_the_model_copy_scorer(tiny_path, kind) -> None:
     client = local_client(engine_cfg, tiny_path)
     try:
         got = asyncio.run(EngineIGScorer(client, tok, cfg).score(trajs))
+        stats = client.engine.stats()
     finally:
         asyncio.run(client.engine.close())
+    if kind == "hf":  # later boundaries reused the contexts earlier ones computed (16-token blocks)
+        assert stats["prefix_hits"] > 0
+        assert 0 < stats["prefix_reused_tokens"] < sum(len(t.token_ids()) for t in trajs)
     assert [g.trajectory_id for g in got] == [t.trajectory_id for t in trajs]
     diffs = []
     for g, w, traj in zip(got, want, trajs):

@@ -1,5 +1,6 @@
 """The HF engine's prefix cache (``rollout.engines.prefix_cache``) on its own: longest-prefix
-lookups, weights versions, entries an extension replaces, the byte budget."""
+lookups by blocks, weights versions, entries an extension replaces, the byte budget (blocks of
+2 tokens here, 16 in the engine)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _bytes(n: int) -> int:
 
 
 def test_lookup_finds_the_longest_shared_prefix_within_the_limit() -> None:
-    cache = PrefixCache(max_bytes=10**6)
+    cache = PrefixCache(max_bytes=10**6, block=2)
     cache.add([1, 2, 3, 4, 5], _kv(5, 1.0), version=0)
     cache.add([1, 2, 9, 9], _kv(4, 2.0), version=0)
     n, kv = cache.lookup([1, 2, 3, 4, 7, 8], version=0, limit=10)
@@ -33,14 +34,24 @@ def test_lookup_finds_the_longest_shared_prefix_within_the_limit() -> None:
 
 
 def test_another_weights_version_reuses_nothing_and_its_entries_go() -> None:
-    cache = PrefixCache(max_bytes=10**6)
+    cache = PrefixCache(max_bytes=10**6, block=2)
     cache.add([1, 2, 3], _kv(3, 1.0), version=4)
+    assert cache.lookup([1, 2, 3, 4], version=4, limit=3)[0] == 3
     assert cache.lookup([1, 2, 3, 4], version=5, limit=3) == (0, [])
     assert len(cache) == 0 and cache.nbytes == 0
 
 
+def test_a_match_shorter_than_a_block_is_not_reused() -> None:
+    cache = PrefixCache(max_bytes=10**6, block=4)
+    cache.add([1, 2, 3, 4, 5, 6], _kv(6, 1.0), version=0)
+    cache.add([1, 2, 3], _kv(3, 1.0), version=0)  # shorter than a block: not held
+    assert len(cache) == 1
+    assert cache.lookup([1, 2, 3, 9], version=0, limit=4) == (0, [])
+    assert cache.lookup([1, 2, 3, 4, 5, 9], version=0, limit=6)[0] == 5
+
+
 def test_an_extension_replaces_the_entry_it_extends() -> None:
-    cache = PrefixCache(max_bytes=10**6)
+    cache = PrefixCache(max_bytes=10**6, block=2)
     cache.add([1, 2, 3], _kv(3, 1.0), version=0)
     cache.add([5, 6], _kv(2, 3.0), version=0)
     cache.add([1, 2, 3, 4, 5], _kv(5, 2.0), version=0)  # the next turn of [1, 2, 3]
@@ -50,7 +61,7 @@ def test_an_extension_replaces_the_entry_it_extends() -> None:
 
 
 def test_the_least_recently_used_entries_leave_to_stay_within_the_budget() -> None:
-    cache = PrefixCache(max_bytes=_bytes(10))
+    cache = PrefixCache(max_bytes=_bytes(10), block=2)
     cache.add([1, 1, 1, 1], _kv(4, 1.0), version=0)
     cache.add([2, 2, 2, 2], _kv(4, 2.0), version=0)
     assert cache.lookup([1, 1, 9], version=0, limit=2)[0] == 2  # [1, ...] used last

@@ -231,10 +231,16 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _score_waiting(self) -> None:
-        """Score every waiting prompt log-prob request, ``max_batch`` rows per forward pass."""
+        """Score every waiting prompt log-prob request: up to ``max_batch`` rows and
+        ``score_batch_tokens`` tokens (one row at least) per forward pass."""
         while True:
+            items: list[_Score] = []
             with self._waiting_lock:
-                items = [self._scoring.popleft() for _ in range(min(len(self._scoring), self.cfg.max_batch))]
+                tokens = 0
+                while self._scoring and len(items) < self.cfg.max_batch and (
+                        not items or tokens + len(self._scoring[0].ids) <= self.cfg.score_batch_tokens):
+                    items.append(self._scoring.popleft())
+                    tokens += len(items[-1].ids)
             if not items:
                 return
             try:
@@ -253,7 +259,12 @@ class HFEngine(Engine):
             version = self._version
             reuse = [self._prefix.lookup(it.ids, version, it.first - 1) for it in items]
             keep = max(len(it.ids) - it.first + 1 for it in items)
-            out, _, _ = self._extend([it.ids for it in items], reuse, keep)
+            out, mask, _ = self._extend([it.ids for it in items], reuse, keep)
+        for i, (it, (reused, _)) in enumerate(zip(items, reuse)):
+            # A scorer's next row may extend this one (IG's next boundary): keep what this row
+            # computed before its scored tokens, unless the cache already held (nearly) all of it
+            if it.first - 1 - reused >= self._prefix.block:
+                self._keep_row(it.ids, out.past_key_values, mask, i, version)
         logp = torch.log_softmax(out.logits.float(), dim=-1)  # the last ``keep`` positions
         results = []
         for i, it in enumerate(items):
@@ -459,13 +470,17 @@ class HFEngine(Engine):
         the last one sampled), when one weights version computed all of it."""
         stay = set(going)
         for i, req in enumerate(rows.reqs):
-            if i in stay or req.aborted or req.kv_version != self._version or self._prefix.max_bytes <= 0:
-                continue
-            ids = req.prompt_ids + req.token_ids[:-1]
-            cols = rows.mask[i].nonzero()[:, 0]
-            if len(cols) == len(ids):  # the row's real columns are exactly these tokens
-                kv = [(layer.keys[i][:, cols], layer.values[i][:, cols]) for layer in rows.cache.layers]
-                self._prefix.add(ids, kv, self._version)
+            if i not in stay and not req.aborted and req.kv_version == self._version:
+                self._keep_row(req.prompt_ids + req.token_ids[:-1], rows.cache, rows.mask, i, self._version)
+
+    def _keep_row(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int, version: int) -> None:
+        """Hand row ``row`` of a batch cache (its real columns, copied) to the prefix cache."""
+        if self._prefix.max_bytes <= 0 or len(ids) < self._prefix.block:
+            return
+        cols = mask[row].nonzero()[:, 0]
+        if len(cols) == len(ids):  # the row's real columns are exactly these tokens
+            kv = [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in cache.layers]
+            self._prefix.add(ids, kv, version)
 
     def _forward(self, rows: _Rows, tokens: torch.Tensor) -> None:
         """One decoding step: each row's sampled token in, its next-token logits out."""
