@@ -40,6 +40,7 @@ def _splits_build(cfg) -> None:
                                             ("replay", "store put+claim+ack"),
                                             ("serving", "p99 ratio (publishes / none)"),
                                             ("engines", "ratio vLLM engine/generate"),
+                                            ("prefix_cache", "cache on / off speed"),
                                             ("learner", "ratio learner/plain")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
