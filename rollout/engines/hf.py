@@ -30,7 +30,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
@@ -149,7 +149,10 @@ class HFEngine(Engine):
         self._arrived: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._busy = False
+        self._decodes = 0
+        """Batches queued or decoding: while any is, staged weights load at its step boundaries
+        (a load queued behind a batch held by a pause would wait for the resume)."""
+        self._decodes_lock = threading.Lock()
         self._gen = torch.Generator().manual_seed(seed)
         self._sdpa = self.model.config._attn_implementation == "sdpa"
         # Every batch decodes on this one thread: torch's OpenMP workers belong to the thread
@@ -177,15 +180,22 @@ class HFEngine(Engine):
         with self._staged_lock:
             if self._staged is None or version > self._staged[1]:
                 self._staged = (state, version)
-        if not self._busy:  # idle: the batcher cannot start a batch before this returns
-            self._apply_staged()
         while self._waiting_for(version):
-            await asyncio.sleep(_PAUSE_POLL_S)  # loaded at the next step or batch boundary
+            if not self._decodes:  # idle: loaded on the decode thread before any batch queued later
+                await self._load_staged()
+            else:  # loaded at the batch's next step boundary, or here once it has ended
+                await asyncio.sleep(_PAUSE_POLL_S)
         return self._version
 
     def _waiting_for(self, version: int) -> bool:
-        with self._staged_lock:  # an apply holds the lock from taking the staged state to done
+        # An apply holds the lock from taking the staged state to done; a load under way (on
+        # the decode thread) means still waiting, found without blocking the event loop on it.
+        if not self._staged_lock.acquire(blocking=False):
+            return True
+        try:
             return self._version < version and self._staged is not None
+        finally:
+            self._staged_lock.release()
 
     def _check_fits(self, state: Mapping[str, Any], version: int) -> None:
         have = set(self.model.state_dict())
@@ -195,7 +205,15 @@ class HFEngine(Engine):
             raise ValueError(f"weights v{version} do not fit the engine's model: "
                              f"missing={missing[:5]} unexpected={unexpected[:5]}")
 
+    async def _load_staged(self) -> None:
+        """Load staged weights on the decode thread (from the event loop): every forward pass
+        runs on that thread, so a load never lands under one, and the event loop never waits
+        for a pass (a long prompt scoring) to end."""
+        if self._staged is not None:
+            await asyncio.get_running_loop().run_in_executor(self._decoder, self._apply_staged)
+
     def _apply_staged(self) -> None:
+        """Load staged weights now (decode thread only: see ``_load_staged``)."""
         with self._staged_lock:
             staged, self._staged = self._staged, None
             if staged is None:
@@ -255,11 +273,10 @@ class HFEngine(Engine):
     def _score(self, items: list[_Score]) -> list[tuple[int, list[float]]]:
         """One forward over the tokens of ``items`` past their kept prefixes (never past
         ``first - 1``: a kept prefix has keys and values, not logits)."""
-        with self._staged_lock:  # weights never change under the forward pass
-            version = self._version
-            reuse = [self._prefix.lookup(it.ids, version, it.first - 1) for it in items]
-            keep = max(len(it.ids) - it.first + 1 for it in items)
-            out, mask, _ = self._extend([it.ids for it in items], reuse, keep)
+        version = self._version  # loads run on this thread too: none lands under the pass
+        reuse = [self._prefix.lookup(it.ids, version, it.first - 1) for it in items]
+        keep = max(len(it.ids) - it.first + 1 for it in items)
+        out, mask, _ = self._extend([it.ids for it in items], reuse, keep)
         for i, (it, (reused, _)) in enumerate(zip(items, reuse)):
             # A scorer's next row may extend this one (IG's next boundary): keep what this row
             # computed before its scored tokens, unless the cache already held (nearly) all of it
@@ -369,25 +386,36 @@ class HFEngine(Engine):
                 await asyncio.sleep(self.cfg.batch_wait_ms / 1000)
             self._arrived.clear()  # before taking: a request arriving after sets it again
             while not self._resumed.is_set():
-                self._apply_staged()  # pause, load, resume: loads happen while paused too
+                await self._load_staged()  # pause, load, resume: loads happen while paused too
                 await asyncio.sleep(_PAUSE_POLL_S)
-            self._apply_staged()
+            await self._load_staged()
             batch = self._take_waiting(self.cfg.max_batch)
             if not batch:
                 continue
-            self._busy = True
             try:  # ``batch`` grows by the requests that join it while it decodes
-                await asyncio.get_running_loop().run_in_executor(self._decoder, self._decode, batch)
+                await asyncio.wrap_future(self._submit_decode(batch))
             except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
                 for req in batch:
                     if req.request_id in self._open:
                         self._finish(req, "abort", exc)
-            finally:
-                self._busy = False
-            self._apply_staged()
+            await self._load_staged()
             with self._waiting_lock:
                 if self._waiting:
                     self._arrived.set()  # left waiting (batch full, or held for a weight load)
+
+    def _submit_decode(self, batch: list[_Request]) -> Future:
+        """Queue ``batch``'s decoding on the decode thread; counted in ``_decodes`` from now
+        until it ends (or is cancelled unstarted), whoever waits for it (a batcher of a closed
+        event loop is cancelled, while its batch decodes on and takes newer requests)."""
+        with self._decodes_lock:
+            self._decodes += 1
+        future = self._decoder.submit(self._decode, batch)
+        future.add_done_callback(self._decode_ended)
+        return future
+
+    def _decode_ended(self, _: Future) -> None:
+        with self._decodes_lock:
+            self._decodes -= 1
 
     # -- the decode thread -----------------------------------------------------------------
     def _step_boundary(self) -> None:
