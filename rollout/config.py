@@ -77,6 +77,11 @@ class HFEngineConfig(EngineGroupConfig):
     device: str = "cpu"
     """Torch device for generation."""
 
+    def gpus_per_engine(self) -> float:
+        """GPUs one engine counts against a tenant's quota: a torch device other than ``cpu``
+        holds a GPU even when ``num_gpus`` says less."""
+        return self.num_gpus if self.device == "cpu" else max(self.num_gpus, 1.0)
+
 
 class VLLMEngineConfig(EngineGroupConfig):
     """vLLM engine (its async engine, ``AsyncLLM``): continuous batching, paged KV cache with
@@ -111,6 +116,11 @@ class VLLMEngineConfig(EngineGroupConfig):
     enforce_eager: bool = True
     """Run the model eagerly (no CUDA graphs / torch.compile): starts in seconds; turn off on
     GPUs for faster decoding at the cost of a slower start."""
+
+    def gpus_per_engine(self) -> float:
+        """GPUs one engine counts against a tenant's quota: the ``num_gpus`` Ray gives it (its
+        device is the installed build's, and vLLM's CPU build needs none)."""
+        return self.num_gpus
 
     @model_validator(mode="after")
     def _gpus_hold_every_shard(self) -> "VLLMEngineConfig":

@@ -167,9 +167,8 @@ def demand(cfg: RunConfig) -> dict[str, float]:
     # and gateway
     actors = (3 + cfg.learner.world_size + ro.num_workers + ro.env_actors.count + scorers + judges
               + ro.engine.count + cfg.live.enabled)
-    per_engine = ro.engine.num_gpus if ro.engine.device == "cpu" else max(ro.engine.num_gpus, 1.0)
     return {"actors": actors, "cpus": cpus,
-            "gpus": ro.engine.count * per_engine + cfg.learner.world_size * cfg.learner.num_gpus}
+            "gpus": ro.engine.count * ro.engine.gpus_per_engine() + cfg.learner.world_size * cfg.learner.num_gpus}
 
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
@@ -181,8 +180,8 @@ def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[
     what = {"actors": ("max_actors", "rollout.num_workers + rollout.engine.count + rollout.env_actors.count + "
                                      "reward scorers/judges + live gateway + learner.world_size + 3"),
             "cpus": ("max_cpus", "the num_cpus of every actor"),
-            "gpus": ("max_gpus", "rollout.engine.count x rollout.engine.num_gpus, at least 1 each when "
-                                 "rollout.engine.device is not cpu, + learner.world_size x learner.num_gpus")}
+            "gpus": ("max_gpus", "rollout.engine.count x rollout.engine.num_gpus (an hf engine whose "
+                                 "device is not cpu counts at least 1) + learner.world_size x learner.num_gpus")}
     for key, (limit, how) in what.items():
         allowed = getattr(limits, limit)
         if need[key] > allowed + 1e-9:

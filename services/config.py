@@ -181,8 +181,9 @@ class LimitsConfig(BaseModel):
     max_cpus: float = Field(16.0, gt=0)
     """Most Ray CPUs one run's actors may reserve together."""
     max_gpus: int = Field(0, ge=0)
-    """Most GPUs one run may use: each rollout worker whose ``rollout.engine.device`` is not
-    ``cpu`` counts one. 0 (the default): CPU-only runs."""
+    """Most GPUs one run may use: each engine counts its ``rollout.engine.num_gpus`` (an ``hf``
+    engine whose ``device`` is not ``cpu`` at least one), each learner rank its
+    ``learner.num_gpus``. 0 (the default): CPU-only runs."""
 
 
 class ServiceConfig(BaseModel):

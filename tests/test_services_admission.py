@@ -201,8 +201,8 @@ def test_limits_name_the_limit(service: Service) -> None:
     errors = refused(service, {"learner": {"num_cpus": 3.5}})  # ... 4.5 is not
     assert errors == {"<root>": "the run asks for 4.5 cpus (the num_cpus of every actor); limits.max_cpus=4 "
                                 "for tenant 'alice'"}
-    gpu_limit = ("(rollout.engine.count x rollout.engine.num_gpus, at least 1 each when rollout.engine.device "
-                 "is not cpu, + learner.world_size x learner.num_gpus); limits.max_gpus=0 for tenant 'alice'")
+    gpu_limit = ("(rollout.engine.count x rollout.engine.num_gpus (an hf engine whose device is not cpu counts "
+                 "at least 1) + learner.world_size x learner.num_gpus); limits.max_gpus=0 for tenant 'alice'")
     errors = refused(service, {"rollout": {"engine": {"device": "cuda"}}})
     assert errors == {"<root>": f"the run asks for 1 gpus {gpu_limit}"}
     # every rank of a GPU learner counts, as do its ranks among the actors
@@ -210,6 +210,11 @@ def test_limits_name_the_limit(service: Service) -> None:
     assert demand(build_config(two_gpu_ranks))["gpus"] == 2
     assert demand(build_config(two_gpu_ranks))["actors"] == demand(build_config({}))["actors"] + 1
     assert refused(service, two_gpu_ranks) == {"<root>": f"the run asks for 2 gpus {gpu_limit}"}
+    # a vLLM engine (no torch device of its own: the installed build's) counts its num_gpus; the
+    # schema fuzzer found demand() failing on it with a 500
+    vllm = {"rollout": {"engine": {"type": "vllm", "count": 2, "num_gpus": 1}}}
+    assert demand(build_config(vllm))["gpus"] == 2 and demand(build_config({"rollout": {"engine": {"type": "vllm"}}}))["gpus"] == 0
+    assert refused(service, vllm) == {"<root>": f"the run asks for 2 gpus {gpu_limit}"}
 
 
 def test_concurrent_runs_over_the_limit_get_429(service: Service) -> None:
