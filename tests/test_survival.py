@@ -43,7 +43,10 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
 
     The run trains all its steps, every group that reached replay once or still held there at
     the end, and no group twice."""
-    steps = 8
+    # Steps to spare after the last kill (the learner's, after step 7): an async run's learner
+    # may have trained step 8 by the time the kill lands, and a run that has ended restarts
+    # nothing (with 8 steps this failed once steps took ~2 s)
+    steps = 10
     cfg = _config(tiny_run_config, tmp_path, "survive", [
         f"train.steps={steps}", "rewards.ig={}", "learner.estimator.type=igpo", "rewards.service.scorer_num_cpus=0.2",
         "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
