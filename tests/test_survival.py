@@ -45,14 +45,16 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     the end, and no group twice."""
     # Steps to spare after the last kill (the learner's, after step 7): an async run's learner
     # may have trained step 8 by the time the kill lands, and a run that has ended restarts
-    # nothing (with 8 steps this failed once steps took ~2 s)
+    # nothing. The engine and learner killed are the run's own (placement.json), not the
+    # first process of that class found on the machine.
     steps = 10
     cfg = _config(tiny_run_config, tmp_path, "survive", [
         f"train.steps={steps}", "rewards.ig={}", "learner.estimator.type=igpo", "rewards.service.scorer_num_cpus=0.2",
         "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
         "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
     kills = [actor("ModelScorer"), actor("EnvHost"), actor("RewardService"), actor("RolloutWorker", "rollout"),
-             actor("EngineServer"), redis_server(Path(cfg.output_dir) / cfg.name), actor("LearnerWorker")]
+             actor("EngineServer", "engine"), redis_server(Path(cfg.output_dir) / cfg.name),
+             actor("LearnerWorker", "learner")]
     result, recovery, run_dir, stages = run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
     for title, (restart_s, step_s) in recovery.items():
