@@ -47,6 +47,11 @@ class EngineGroupConfig(BaseModel):
     missing, handled by ``rewards.on_missing``). Always 0 with ``rollout.weights.transport:
     broadcast``: a restarted engine cannot rejoin the learner's broadcast group."""
 
+    def gpus_per_engine(self) -> float:
+        """GPUs one engine counts against a tenant's quota: the ``num_gpus`` Ray gives it (a
+        vLLM engine's device is the installed build's, and its CPU build needs none)."""
+        return self.num_gpus
+
 
 class HFEngineConfig(EngineGroupConfig):
     """Hugging Face transformers engine: batched sampling with a KV cache on CPU or GPU."""
@@ -116,11 +121,6 @@ class VLLMEngineConfig(EngineGroupConfig):
     enforce_eager: bool = True
     """Run the model eagerly (no CUDA graphs / torch.compile): starts in seconds; turn off on
     GPUs for faster decoding at the cost of a slower start."""
-
-    def gpus_per_engine(self) -> float:
-        """GPUs one engine counts against a tenant's quota: the ``num_gpus`` Ray gives it (its
-        device is the installed build's, and vLLM's CPU build needs none)."""
-        return self.num_gpus
 
     @model_validator(mode="after")
     def _gpus_hold_every_shard(self) -> "VLLMEngineConfig":
