@@ -12,7 +12,9 @@ Each round is paired with a round of raw redis-py pipelined SETs of the same B p
 shared machine the raw rate alone swings 2x from minute to minute.
 
 One line per payload encoding (the binary record of replay/codec.py; with zlib; and the JSON
-the store wrote before, for comparison) gives:
+the store wrote before, for comparison), and a last line with the codec taken out (records
+encoded before the clock starts, claims not decoded: the store's Redis work alone, the most any
+encoding could reach), gives:
 
 - store groups/s (encoding, Lua scripts, reading back and decoding included) and raw
   pipelined SET groups/s of the same bytes (writes only), and their ratio (goal: >= 0.5);
@@ -132,15 +134,26 @@ def store_round(store: RedisReplayStore, groups: list[Group], totals: Totals) ->
     totals.store_s += time.perf_counter() - start
 
 
-def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: bool) -> Totals:
-    """Alternate a raw round and a store round over the same batches."""
+@contextlib.contextmanager
+def codec_taken_out(payloads: dict[str, bytes]) -> Iterator[None]:
+    """The store puts ``payloads`` (encoded before timing) and hands claims back undecoded."""
+    with store_encoding(lambda group, _compress: (payloads[group.group_id], len(payloads[group.group_id]))), \
+            mock.patch.object(redis_store.codec, "decode_groups", list):
+        yield
+
+
+def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: bool,
+          floor: bool = False) -> Totals:
+    """Alternate a raw round and a store round over the same batches (``floor``: with the
+    codec taken out of the store)."""
     cfg = ReplayConfig(type="redis", url=url, compress=compress, eta=10**6,
                        capacity_groups=4 * batch, capacity_bytes=2**40)
     store = RedisReplayStore(cfg, batch, run_id=f"bench-{time.time_ns()}")
     raw_client = redis_store.connect(url, cfg)  # the store's client settings, minus the store
     payloads = [encode(g, compress)[0] for g in groups]
     totals = Totals()
-    with store_encoding(encode):
+    pre_encoded = dict(zip((g.group_id for g in groups), payloads))
+    with codec_taken_out(pre_encoded) if floor else store_encoding(encode):
         for i in range(0, len(groups), batch):
             totals.raw_s += raw_round(raw_client, payloads[i:i + batch], i)
             store_round(store, groups[i:i + batch], totals)
@@ -164,17 +177,18 @@ def codec_ms(group: Group, encode: Encoder, compress: bool, reps: int = 10) -> t
     return enc * 1e3, (time.perf_counter() - t) / reps * 1e3
 
 
-def run(url: str, groups: list[Group], batch: int, name: str) -> str:
-    """One line of results for one payload encoding."""
+def run(url: str, groups: list[Group], batch: int, name: str, floor: bool = False) -> str:
+    """One line of results for one payload encoding (``floor``: its bytes, codec taken out)."""
     encode, compress = ENCODINGS[name]
-    enc, dec = codec_ms(groups[0], encode, compress)
-    res = bench(url, groups, batch, encode, compress)
+    enc, dec = (0.0, 0.0) if floor else codec_ms(groups[0], encode, compress)
+    res = bench(url, groups, batch, encode, compress, floor)
     store, raw = len(groups) / res.store_s, len(groups) / res.raw_s
-    return (f"[{name}] store put+claim+ack {store:6.1f} groups/s | raw pipelined SET of the same "
+    label = f"{name}, codec taken out" if floor else name
+    return (f"[{label}] store put+claim+ack {store:6.1f} groups/s | raw pipelined SET of the same "
             f"bytes {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
             f"{pct(res.claim_s, 0.5) * 1e3:.1f} ms p95 {pct(res.claim_s, 0.95) * 1e3:.1f} ms "
             f"p99 {pct(res.claim_s, 0.99) * 1e3:.1f} ms | "
-            f"encode {enc:.1f} ms decode {dec:.1f} ms per group")
+            + ("no encoding or decoding" if floor else f"encode {enc:.1f} ms decode {dec:.1f} ms per group"))
 
 
 def main() -> None:
@@ -199,6 +213,7 @@ def main() -> None:
             tmp, appendonly=aof, appendfsync=args.appendfsync if aof else "always") as server:
         for name in names:
             print(run(server.url, groups, args.batch, name), flush=True)
+        print(run(server.url, groups, args.batch, "binary", floor=True), flush=True)
 
 
 if __name__ == "__main__":
