@@ -46,6 +46,11 @@ class TokenBatch:
             out[f.name] = val[start:stop, :cols]
         return TokenBatch(**out)
 
+    def select(self, order: torch.Tensor) -> "TokenBatch":
+        """The rows in ``order`` (a permutation of row indices)."""
+        return TokenBatch(**{f.name: None if (v := getattr(self, f.name)) is None else v[order]
+                             for f in fields(self)})
+
     def to(self, device: torch.device) -> "TokenBatch":
         """Every tensor on ``device``."""
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -64,6 +69,21 @@ def rank_micro_batches(start: int, stop: int, rank: int, world: int, size: int) 
     spans: list[tuple[int, int] | None] = [(int(mine[i]), int(mine[min(i + size, len(mine)) - 1]) + 1)
                                           for i in range(0, len(mine), size)]
     return spans + [None] * (count - len(spans))
+
+
+def by_length(tb: TokenBatch, parts: list[tuple[int, int]], world: int) -> TokenBatch:
+    """``tb`` with the rows of each rank's share of each mini-batch ``parts`` sorted longest
+    first. Every optimizer step, on every rank, trains the same rows as before, so the
+    update is the same sum; but the micro-batches cut from a share (``rank_micro_batches``)
+    now hold rows of like lengths, and ``rows`` trims each to its own longest. A batch's
+    rows differ by whole turns (a 3-turn episode beside 2-turn ones), so in arrival order
+    nearly every micro-batch carries one long row and pads the rest to it."""
+    lengths = tb.attention_mask.sum(-1).tolist()
+    order: list[int] = []
+    for start, stop in parts:
+        for share in np.array_split(np.arange(start, stop), world):  # as rank_micro_batches
+            order += sorted(share.tolist(), key=lambda i: -lengths[i])
+    return tb.select(torch.tensor(order, dtype=torch.long))
 
 
 def _row_values(owner: list[int], values: np.ndarray, offset: int, fill: float) -> list[float]:

@@ -35,7 +35,7 @@ from learner.advantages import compute_advantages, read_sources
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
 from learner.checkpoints import commit_run_state, fetch_checkpoint, upload_checkpoint
-from learner.batching import TokenBatch, build_token_batch, rank_micro_batches
+from learner.batching import TokenBatch, build_token_batch, by_length, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
 from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
@@ -273,8 +273,9 @@ class LearnerWorker:
         if self.cfg.mini_batches > n_rows:
             raise ValueError(f"learner.mini_batches={self.cfg.mini_batches} exceeds the batch's "
                              f"{n_rows} rows; lower it (at most one mini-batch per row)")
-        task_ids, log_r = self._tb_rows(trajs, tb)
         parts = [(int(p[0]), int(p[-1]) + 1) for p in np.array_split(np.arange(n_rows), self.cfg.mini_batches)]
+        tb = by_length(tb, parts, self.world)
+        task_ids, log_r = self._tb_rows(trajs, tb)
         old = None
         if self.cfg.ppo_epochs * self.cfg.mini_batches > 1:
             old = self._old_logprobs(tb, parts)

@@ -55,3 +55,28 @@ def test_windowed_trajectory_trains_each_turn_on_its_own_context() -> None:
     # the whole-episode trajectory after it keeps its single row and its own turn ids
     assert tb.input_ids[3].tolist() == plain.token_ids() and tb.turn_ids[3, 7].item() == 5
     assert tb.num_tokens == 3 + 3
+
+
+def test_rows_sort_by_length_within_each_ranks_share_of_each_mini_batch() -> None:
+    from learner.batching import by_length, rank_micro_batches
+
+    long_, short = make_traj(), make_traj()
+    short.turns = short.turns[1:]  # 4 tokens against 9
+    trajs = [short, long_, short, long_, long_, short, short, long_]
+    tb = build_token_batch(trajs, np.arange(12.0), np.ones(12, dtype=bool), pad_id=0)
+    lengths = tb.attention_mask.sum(-1).tolist()
+    assert lengths == [4, 9, 4, 9, 9, 4, 4, 9]
+    parts, world = [(0, 4), (4, 8)], 2  # two optimizer steps, each shared by two ranks
+    out = by_length(tb, parts, world)
+    assert out.attention_mask.sum(-1).tolist() == [9, 4, 9, 4, 9, 4, 9, 4]
+    # every rank trains the same rows in the same optimizer step as before (rows [0, 1] of
+    # step one: trajectories 0 and 1, now longest first), each row whole and its own
+    assert out.row_traj.tolist() == [1, 0, 3, 2, 4, 5, 7, 6]
+    for field in ("input_ids", "loss_mask", "advantages", "behaviour", "turn_ids"):
+        torch.testing.assert_close(getattr(out, field), getattr(tb, field)[out.row_traj])
+    # one rank, micro-batches of 2: in arrival order each pads a short row to 9 tokens;
+    # sorted, half of them hold short rows only and are trimmed to 4
+    one = by_length(tb, [(0, 8)], 1)
+    widths = [one.rows(a, b).input_ids.size(1) for a, b in rank_micro_batches(0, 8, 0, 1, 2)]
+    before = [tb.rows(a, b).input_ids.size(1) for a, b in rank_micro_batches(0, 8, 0, 1, 2)]
+    assert widths == [9, 9, 4, 4] and before == [9, 9, 9, 9]
