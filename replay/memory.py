@@ -35,6 +35,8 @@ class InProcessReplayStore(ReplayStore):
         self._seen: set[str] = set()
         self._ids = itertools.count()
         self._stats = ReplayStats()
+        self._scheduled_evicted = 0
+        """Scheduled groups evicted untrained: the admission rule gives their places back."""
 
     # -- producers -------------------------------------------------------------------------
     def reserve(self, n: int) -> int:
@@ -50,6 +52,7 @@ class InProcessReplayStore(ReplayStore):
                 version=s.version,
                 batch_groups=self.batch_groups,
                 accepted=s.accepted,
+                evicted=self._scheduled_evicted,
             ),
         )
         s.running += granted
@@ -109,6 +112,7 @@ class InProcessReplayStore(ReplayStore):
                     self._live_ids.discard(gid)
                     s.bytes -= nbytes
                     s.count("evicted", "stale")
+                    self._scheduled_evicted += queue is self._ready
 
     def claim(self, num_groups: int, live: LiveShare | None = None) -> Claim | None:
         lo, hi = check_live_share(num_groups, live)

@@ -18,9 +18,9 @@ After them come the operation key (``P op:<id>``) and, for ``put``, the staging 
 
 RULES = """
 -- Transcribed from replay/admission.py; keep the two in step (a test compares them).
-local function admission_capacity(max_concurrent, running, eta, version, batch_groups, accepted)
+local function admission_capacity(max_concurrent, running, eta, version, batch_groups, accepted, evicted)
   local by_concurrency = max_concurrent - running
-  local by_staleness = (eta + version + 1) * batch_groups - (accepted + running)
+  local by_staleness = (eta + version + 1) * batch_groups - (accepted - evicted + running)
   return math.max(0, math.min(by_concurrency, by_staleness))
 end
 local function staleness(learner_version, group_version)
@@ -94,7 +94,7 @@ _BODIES = {
 return once(function()
   local running = stat('running')
   local granted = math.min(tonumber(ARGV[1]), admission_capacity(tonumber(ARGV[2]), running,
-    tonumber(ARGV[3]), stat('version'), tonumber(ARGV[4]), stat('accepted')))
+    tonumber(ARGV[3]), stat('version'), tonumber(ARGV[4]), stat('accepted'), stat('scheduled_evicted')))
   redis.call('HSET', stats, 'running', running + granted)
   return granted, granted > 0
 end)
@@ -162,10 +162,12 @@ return once(function()
   local n, eta, version = tonumber(ARGV[1]), tonumber(ARGV[2]), stat('version')
   for _, gid in ipairs(redis.call('ZRANGEBYSCORE', ready_ver, '-inf', '(' .. (version - eta))) do
     if is_stale(version, num(redis.call('HGET', gver, gid)), eta) then
-      redis.call('LREM', is_live(gid) and live_ready or ready, 1, gid)
+      local live = is_live(gid)
+      redis.call('LREM', live and live_ready or ready, 1, gid)
       redis.call('ZREM', ready_ver, gid)
       forget(gid)
       redis.call('HINCRBY', evicted, 'stale', 1)
+      if not live then redis.call('HINCRBY', stats, 'scheduled_evicted', 1) end
     end
   end
   local n_live = math.min(tonumber(ARGV[4]), redis.call('LLEN', live_ready))

@@ -16,7 +16,8 @@ Key layout, one run (``P`` = ``{key_prefix}:{<run_id>}:``, e.g. ``turnrl:{run-7}
     P live_held  SET    live group ids held (ready or claimed): live_capacity_groups counts it
     P live       SET    live group ids until committed, so recover() requeues them as live
     P stats      HASH   version, accepted, live_accepted, running, trained, live_trained,
-                        retained, bytes, claim_seq
+                        retained, bytes, claim_seq, scheduled_evicted (accepted groups
+                        evicted untrained: the admission rule gives their places back)
     P refused    HASH   reason -> puts refused (full, live_full, stale, duplicate)
     P evicted    HASH   reason -> groups removed untrained (stale)
     P staleness  HASH   staleness at claim -> groups claimed

@@ -3,7 +3,7 @@
 Expected numbers are derived by hand in comments from replay/admission.py's rule::
 
     capacity = max(0, min(max_concurrent - running,
-                          (eta + version + 1) * B - (accepted + running)))
+                          (eta + version + 1) * B - (accepted - evicted + running)))
 """
 
 from __future__ import annotations
@@ -85,6 +85,31 @@ def test_full_keeps_reservation_stale_ends_it(make_store: MakeStore) -> None:
     store.ack(store.claim(1).claim_id, new_version=1)
     assert store.put(make_group("c", version=0)).status == "stale"  # finished: running 1
     assert store.stats().running == 1
+
+
+def test_an_evicted_group_gives_its_admission_place_back(make_store: MakeStore) -> None:
+    store = make_store(batch_groups=2, eta=1)
+    assert store.reserve(10) == 4  # min(64, (1+0+1)*2 - 0) = 4
+    for gid in "abcd":
+        assert store.put(make_group(gid, version=0)).accepted
+    store.ack(store.claim(2).claim_id, new_version=1)  # a, b trained
+    # version 1, accepted 4, evicted 0: (1+1+1)*2 - 4 = 2
+    assert store.reserve(10) == 2
+    store.release(2)
+    store.ack(store.claim(1).claim_id, new_version=2)  # c trained; d (version 0) now stale
+    assert store.claim(1) is None  # d evicted on the way: staleness 2 > eta 1
+    assert store.stats().evicted == {"stale": 1}
+    # version 2, accepted 4, one of them evicted: (1+2+1)*2 - (4 - 1) = 5; counting d as
+    # still to be trained would grant 4 and keep every later batch a group short
+    assert store.reserve(10) == 5
+    # a live group evicted untrained took no reservation: it gives nothing back
+    live = make_store(batch_groups=1, eta=0)
+    assert live.put(make_group("L", version=0), scheduled=False).accepted
+    assert live.reserve(1) == 1  # (0+0+1)*1 - 0
+    assert live.put(make_group("S", version=0)).accepted
+    live.ack(live.claim(1).claim_id, new_version=1)  # S trained; L (version 0) now stale
+    assert live.claim(1, live=(1, 1)) is None and live.stats().evicted == {"stale": 1}
+    assert live.reserve(10) == 1  # (0+1+1)*1 - 1, as if L had never been put
 
 
 # -- staleness ----------------------------------------------------------------------------

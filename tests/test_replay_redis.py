@@ -50,14 +50,14 @@ def open_store(url: str, run_id: str | None = None, batch_groups: int = 2,
 
 # -- the Lua transcription of replay/admission.py ----------------------------------------
 def test_lua_rules_match_admission_py(redis_server: RedisServer) -> None:
-    grid = [(m, r, e, v, b, a) for m in range(4) for r in range(5) for e in range(3)
-            for v in range(4) for b in range(1, 4) for a in range(0, 14, 3)]
+    grid = [(m, r, e, v, b, a, d) for m in range(4) for r in range(5) for e in range(3)
+            for v in range(4) for b in range(1, 4) for a in range(0, 14, 3) for d in (0, 2)]
     script = _RULES + """
 local out = {}
-for i = 1, #ARGV, 6 do
-  local m, r, e, v, b, a = tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]),
-    tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), tonumber(ARGV[i+5])
-  out[#out + 1] = admission_capacity(m, r, e, v, b, a)
+for i = 1, #ARGV, 7 do
+  local m, r, e, v, b, a, d = tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]),
+    tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), tonumber(ARGV[i+6])
+  out[#out + 1] = admission_capacity(m, r, e, v, b, a, d)
   out[#out + 1] = staleness(v, a)             -- reuse the grid: a as a group version
   out[#out + 1] = is_stale(v, a, e) and 1 or 0
 end
@@ -66,9 +66,9 @@ return out
     client = redis.Redis.from_url(redis_server.url)
     got = client.eval(script, 0, *[x for row in grid for x in row])
     want = []
-    for m, r, e, v, b, a in grid:
+    for m, r, e, v, b, a, d in grid:
         want += [admission_capacity(max_concurrent=m, running=r, eta=e, version=v,
-                                    batch_groups=b, accepted=a),
+                                    batch_groups=b, accepted=a, evicted=d),
                  staleness(v, a), int(is_stale(v, a, e))]
     assert got == want
 
