@@ -57,13 +57,18 @@ class TokenBatch:
         return TokenBatch(**{k: None if v is None else v.to(device) for k, v in moved.items()})
 
 
+def rank_shares(start: int, stop: int, world: int) -> list[np.ndarray]:
+    """Rows ``start:stop`` split into ``world`` contiguous shares, one per rank."""
+    return np.array_split(np.arange(start, stop), world)
+
+
 def rank_micro_batches(start: int, stop: int, rank: int, world: int, size: int) -> list[tuple[int, int] | None]:
     """Rank ``rank``'s micro-batches of rows ``start:stop``: the rows split into ``world``
     contiguous shares, each cut into micro-batches of at most ``size`` rows. Every rank gets
     as many entries as the longest share has micro-batches (at least one), because under ZeRO
     every forward and backward is a collective; a rank with fewer real micro-batches gets
     None entries, which it runs as zero-weight steps."""
-    shares = np.array_split(np.arange(start, stop), world)
+    shares = rank_shares(start, stop, world)
     count = max(max(-(-len(s) // size) for s in shares), 1)
     mine = shares[rank]
     spans: list[tuple[int, int] | None] = [(int(mine[i]), int(mine[min(i + size, len(mine)) - 1]) + 1)
@@ -81,7 +86,7 @@ def by_length(tb: TokenBatch, parts: list[tuple[int, int]], world: int) -> Token
     lengths = tb.attention_mask.sum(-1).tolist()
     order: list[int] = []
     for start, stop in parts:
-        for share in np.array_split(np.arange(start, stop), world):  # as rank_micro_batches
+        for share in rank_shares(start, stop, world):
             order += sorted(share.tolist(), key=lambda i: -lengths[i])
     return tb.select(torch.tensor(order, dtype=torch.long))
 
