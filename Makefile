@@ -8,6 +8,10 @@ export RAY_AUTH_MODE := disabled
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
+# Python writes each module's byte-code into .venv the first time it is imported, so the install
+# need not compile all ~20k files up front (tools/install.py); an image that sets
+# PYTHONDONTWRITEBYTECODE would otherwise recompile every import of every Ray worker.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: venv vllm test-deps demo test test-fast bench clean
 

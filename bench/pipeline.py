@@ -14,7 +14,16 @@ environments, replay: ``cluster.cpu_affinity``), the learner alone on the other 
 time-sharing the same cores.
 ``--shared-cores`` runs both modes unpinned instead.
 
-    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--quick] [--set k=v ...]
+Both modes run with ``learner.lr=0`` unless ``--learn``: every update is computed and applied,
+weights are published and engines reload them, but the policy stays the warm start, so both
+modes draw episodes from one distribution and do the same work per sample. Learning, the two
+runs' policies drift apart (async trains on one-step-stale data), and so do their episode
+lengths and the per-step training time, which follows a batch's longest row: measured on the
+demo model, async's batches averaged 283 tokens wide against sync's 235 in one pair of runs,
+which no overlap can make up for. The ratio then measures the runs' workloads as much as the
+overlap.
+
+    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--quick] [--learn] [--set k=v ...]
 """
 
 from __future__ import annotations
@@ -74,7 +83,10 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int)
     span = timed[-1]["time/elapsed_s"] - rows[warmup - 1]["time/elapsed_s"] if warmup else timed[-1]["time/elapsed_s"]
     out = {"samples_per_s": sum(r["samples"] for r in timed) / span,
            "all_samples_per_s": sum(r["samples"] for r in rows) / result.timings["train_s"],
-           "train_s": result.timings["train_s"]}
+           "train_s": result.timings["train_s"],
+           # the work per sample, which must match between the modes for the ratio to be overlap
+           "width": statistics.mean(r["tokens/row_width"] for r in timed),
+           "turns": statistics.mean(r["rollout/turns_mean"] for r in timed)}
     if mode == "sync":
         out["g"] = statistics.mean(r["time/generate_s"] for r in timed)
         out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
@@ -91,22 +103,27 @@ def main() -> int:
                     help="first steps of each mode left out of samples/s, g and t (one-time costs)")
     ap.add_argument("--quick", action="store_true", help="tiny model and world (a smoke run)")
     ap.add_argument("--shared-cores", action="store_true", help="no core split: every actor on every core")
+    ap.add_argument("--learn", action="store_true",
+                    help="keep the config's learning rate (default 0: both modes sample one policy)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     split = [] if args.shared_cores else core_split()
-    overrides = (QUICK if args.quick else []) + split + args.overrides
+    frozen = [] if args.learn else ["learner.lr=0"]
+    overrides = (QUICK if args.quick else []) + split + frozen + args.overrides
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup {args.warmup} must be >= 0 and below --steps {args.steps}")
     sync = run(args.config, overrides, "sync", args.steps, args.warmup)
     asyn = run(args.config, overrides, "async", args.steps, args.warmup)
     ideal = (sync["g"] + sync["t"]) / max(sync["g"], sync["t"])
     print(f"\ncores: {'shared' if args.shared_cores else ' '.join(o for o in split if 'affinity' in o)}")
+    print(f"weights: {'learning at the config lr' if args.learn else 'lr 0, one policy for both modes'}")
     print(f"steps per mode: {args.steps}, the first {args.warmup} left out of the rates; "
           f"generation g = {sync['g']:.2f}s/step, training t = {sync['t']:.2f}s/step")
-    print(f"{'mode':<8}{'samples/s':>12}{'all steps':>12}{'train s':>10}")
+    print(f"{'mode':<8}{'samples/s':>12}{'all steps':>12}{'train s':>10}{'row width':>11}{'turns':>7}")
     for name, res in (("sync", sync), ("async", asyn)):
-        print(f"{name:<8}{res['samples_per_s']:>12.2f}{res['all_samples_per_s']:>12.2f}{res['train_s']:>10.1f}")
+        print(f"{name:<8}{res['samples_per_s']:>12.2f}{res['all_samples_per_s']:>12.2f}{res['train_s']:>10.1f}"
+              f"{res['width']:>11.1f}{res['turns']:>7.2f}")
     ratio = asyn["samples_per_s"] / sync["samples_per_s"]
     print(f"async/sync ratio: {ratio:.2f}   ideal (g+t)/max(g,t): {ideal:.2f}   "
           f"share of ideal: {ratio / ideal:.2f} (goal >= 0.9)")

@@ -104,8 +104,9 @@ class LearnerConfig(BaseModel):
     """Optimizer steps per pass: the batch's rows are split into this many contiguous parts
     (at most one per row). With ``ppo_epochs`` 1 and ``mini_batches`` 1 the batch takes one
     on-policy step: the ratio is exactly 1 and the clip never engages."""
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate."""
+    lr: float = Field(1e-4, ge=0)
+    """AdamW learning rate. 0 runs every update but leaves the weights as they are
+    (bench/pipeline.py: both modes then sample the same episodes' distribution)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0)

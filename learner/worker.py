@@ -45,6 +45,7 @@ from learner.step_metrics import batch_metrics
 from replay.base import Claim
 from replay.client import wait_claim
 from storage import RunStorage, atomic_write, node_copy
+from rollout.shared_prefix import next_token_logprobs, shared_length
 from rollout.trajectory import Trajectory
 
 
@@ -391,25 +392,29 @@ class LearnerWorker:
     def _token_logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(``[B, L-1]`` log-prob of each next token, ``[B, L-1, V]`` all log-probs) under the
         policy being trained, at the rollout temperature."""
-        out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
-        logits = out.logits[:, :-1].float() / self.temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        return logp_all.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), logp_all
+        return self._logprobs(self.engine, mb)
+
+    def _logprobs(self, model: Any, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        # The system prompt and tool list every row opens with run once (rollout.shared_prefix),
+        # except under ZeRO 3: there every forward gathers parameters collectively, so each
+        # rank must run as many forwards as the others, and a share without a common prefix
+        # (one row, a zero-weight step) runs one, not two.
+        ids, mask = mb.input_ids, mb.attention_mask
+        shared = shared_length(ids, mask) if self.cfg.zero_stage < 3 else 0
+        return next_token_logprobs(model, ids, mask, shared, self.temperature)
 
     def _micro_step(self, mb: TokenBatch, task_ids: torch.Tensor | None = None,
                     log_r: torch.Tensor | None = None, old: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss and metrics of one micro-batch; ``old`` None means on-policy (old = current)."""
         logp, logp_all = self._token_logprobs(mb)
-        targets = mb.input_ids[:, 1:].unsqueeze(-1)
         entropy = None
         if self.cfg.loss.type == "ppo" and self.cfg.loss.entropy_coef > 0:
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         ref = None
         if self.ref is not None:
             with torch.no_grad():
-                ref_logits = self.ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-                ref = torch.log_softmax(ref_logits[:, :-1].float() / self.temperature, -1).gather(-1, targets).squeeze(-1)
+                ref, _ = self._logprobs(self.ref, mb)
         inputs = LossInputs(
             logprobs=logp, old_logprobs=logp.detach() if old is None else old,
             behaviour_logprobs=mb.behaviour,

@@ -19,17 +19,16 @@ for ``reward_tokens``.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
+from rollout.shared_prefix import forward_shared, pad_rows, shared_length
 from rollout.trajectory import Trajectory
 
 PRM_META = "turnrl_prm.json"
-_MIN_SHARED = 16  # shorter common prefixes are not worth a second forward pass
 Convert = Callable[[list[int]], list[int]]
 
 
@@ -130,35 +129,17 @@ class ProcessRewardModel:
     def _hidden(self, items: Sequence[PRMInput]) -> torch.Tensor:
         """Final hidden states at every marker of ``items``, in order ([N, H]).
 
-        Rows share their longest common prefix (the system prompt and tool list, often half
-        the tokens): it runs once and its KV cache is repeated for the rows, which then run
-        only their suffixes. Gradients flow through both parts.
+        Rows run their longest common prefix (the system prompt and tool list, often half the
+        tokens) once (``rollout.shared_prefix``). Gradients flow through both parts.
         """
+        at = [(i, m) for i, it in enumerate(items) for m in it.markers if m >= 0]
         device = next(self.model.parameters()).device
-        base = self.model.base_model
-        shared = len(os.path.commonprefix([it.ids for it in items])) if len(items) > 1 else 0
-        shared = min([shared] + [m for it in items for m in it.markers if m >= 0])
-        cache, start = None, 0
-        if shared >= _MIN_SHARED:
-            prefix = torch.tensor([items[0].ids[:shared]], device=device)
-            cache = base(input_ids=prefix, use_cache=True).past_key_values
-            cache.batch_repeat_interleave(len(items))
-            start = shared
-        width = max(len(it.ids) for it in items) - start
-        ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(items), start + width), dtype=torch.long)
-        mask[:, :start] = 1
-        for i, it in enumerate(items):
-            # Right padding keeps positions and causal attention never sees the pads.
-            ids[i, : len(it.ids) - start] = torch.tensor(it.ids[start:])
-            mask[i, : len(it.ids)] = 1
-        pos = torch.arange(start, start + width).expand(len(items), width)
-        hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device),
-                      position_ids=pos.to(device), past_key_values=cache,
-                      use_cache=cache is not None).last_hidden_state
-        rows = [i for i, it in enumerate(items) for m in it.markers if m >= 0]
-        cols = [m - start for it in items for m in it.markers if m >= 0]
-        return hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
+        ids, mask = (t.to(device) for t in pad_rows([it.ids for it in items], self.pad_id))
+        # The prefix stops at the first marker, so every marker's state is in the suffixes.
+        shared = shared_length(ids, mask, cap=min((m for _, m in at), default=None))
+        fwd = forward_shared(self.model.base_model, ids, mask, shared, field="last_hidden_state")
+        rows = torch.tensor([i for i, _ in at], device=device)
+        return fwd.suffix[rows, torch.tensor([m - fwd.start for _, m in at], device=device)]
 
     def logits(self, items: Sequence[PRMInput]) -> list[torch.Tensor]:
         """z per turn for each item (one batched forward); differentiable."""

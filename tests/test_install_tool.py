@@ -1,8 +1,10 @@
 """tools/install.py, the installer `make` uses: a fresh environment from a lock file, with
-progress lines that carry an ETA, byte-code compiled, and nothing fetched twice."""
+progress lines that carry an ETA, byte-code compiled where Python would not write it, and
+nothing fetched twice."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +19,10 @@ import install  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def _run(venv: Path, lock: Path) -> str:
+def _run(venv: Path, lock: Path, no_byte_code: str = "1") -> str:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": no_byte_code}
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "install.py"), "--venv", str(venv), "-r", str(lock)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -43,6 +46,20 @@ def test_a_lock_file_installs_with_progress_and_byte_code(tmp_path) -> None:
     # a second run finds both pins installed and fetches nothing; a changed pin is fetched alone
     assert _run(venv, lock).splitlines()[-1].startswith("[install] 0 packages in ")
     assert install.missing(python, ["six==1.16.0", "einops==0.8.2"]) == ["six==1.16.0"]
+
+
+def test_where_python_writes_byte_code_the_install_leaves_it_to_the_first_import(tmp_path) -> None:
+    lock = tmp_path / "lock.txt"
+    lock.write_text("six==1.17.0\n")
+    venv = tmp_path / "venv"
+    out = _run(venv, lock, no_byte_code="")  # as under make, which clears the variable
+    assert "[install] compile" not in out and out.splitlines()[-1].startswith("[install] 1 packages in ")
+    python = str(venv / "bin" / "python")
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    assert not list((site / "__pycache__").glob("six.cpython-311*.pyc"))
+    subprocess.run([python, "-c", "import six"], check=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    assert list((site / "__pycache__").glob("six.cpython-311*.pyc"))  # written by that import, once
 
 
 def test_pins_and_batches() -> None:

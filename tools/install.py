@@ -8,9 +8,11 @@ transformers happens after its last line), so this runs it in pieces it can meas
 1. fetch: ``pip wheel --no-deps`` in a few parallel processes (fetching is mostly waiting on
    the index); every pin becomes a wheel (sdists such as DeepSpeed's are built once);
 2. install: ``pip install --no-deps --no-index --no-compile``, the wheels in batches;
-3. compile: ``compileall`` on every core (pip compiles on one; measured on 2 cores: 57 s of
-   pip install became 17 s + 23 s). The byte-code is what makes imports fast: with
-   PYTHONDONTWRITEBYTECODE set, as on many CI images, nothing else would ever write it.
+3. compile, only where Python will not write byte-code itself (PYTHONDONTWRITEBYTECODE set,
+   as on many CI images; the Makefile clears it for its commands): ``compileall`` of all of
+   site-packages on every core. Otherwise each module is compiled the first time something
+   imports it, once: the demo imports a fraction of the ~20k files (measured on 2 cores: 60 s
+   to compile them all, most never imported).
 
 Each stage prints done/total, elapsed and an ETA from the rate so far. Lock files are complete
 (``pip freeze`` of a working environment), hence ``--no-deps``; pins the environment already
@@ -20,6 +22,7 @@ holds are skipped. Standard library only: it runs before the environment exists.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -204,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     if requirements:
         with tempfile.TemporaryDirectory(dir=args.venv, prefix="wheelhouse-") as tmp:
             install_wheels(pip, fetch_wheels(pip, requirements, Path(tmp)))
-        compile_all(python)
+        if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+            compile_all(python)  # nothing else would ever write it: every import would recompile
     if args.editable is not None:
         subprocess.run([*pip, "install", "-q", "--no-deps", "-e", str(args.editable)], check=True)
     print(f"[install] {len(requirements)} packages in {time.monotonic() - t0:.0f} s", flush=True)
