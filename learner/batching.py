@@ -91,6 +91,33 @@ def by_length(tb: TokenBatch, parts: list[tuple[int, int]], world: int) -> Token
     return tb.select(torch.tensor(order, dtype=torch.long))
 
 
+def padding_cuts(lengths: list[int], parts: int) -> list[tuple[int, int]]:
+    """Spans ``(start, stop)`` cutting ``lengths`` (sorted ascending) into at most ``parts``
+    contiguous groups with the fewest padded tokens, each group padded to its longest: the
+    sum over groups of rows x longest row (a dynamic programme; equal halves pad a batch of
+    six short rows and ten long ones as two long groups)."""
+    n = len(lengths)
+    if n == 0:
+        return []
+    inf = float("inf")
+    # cost[m][j]: fewest padded tokens for the first j rows in m groups; cut[m][j]: last start
+    cost = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    cost[0][0] = 0
+    for m in range(1, parts + 1):
+        for j in range(1, n + 1):
+            for i in range(j):
+                c = cost[m - 1][i] + (j - i) * lengths[j - 1]
+                if c < cost[m][j]:
+                    cost[m][j], cut[m][j] = c, i
+    m = min(range(1, parts + 1), key=lambda k: (cost[k][n], k))  # fewest groups among ties
+    spans, j = [], n
+    while j > 0:
+        spans.append((cut[m][j], j))
+        j, m = cut[m][j], m - 1
+    return spans[::-1]
+
+
 def _row_values(owner: list[int], values: np.ndarray, offset: int, fill: float) -> list[float]:
     """Per token: the value of the trained turn that owns it (``values[offset + turn]``), else
     ``fill``."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from envs.base import Task, TaskSource
 from envs.toolcalls import format_answer
+from learner.batching import padding_cuts
 from learner.config import SFTConfig
 from rollout import chat
 from rollout.shared_prefix import next_token_logprobs, pad_rows, shared_length
@@ -105,16 +106,15 @@ def _batch_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad: int,
 
     Two cuts of padding, neither changing the loss: the system prompt and tool list every row
     opens with run once (``rollout.shared_prefix``: about half of a demo row's tokens), and the
-    rows, sorted by length, run in ``parts`` forward passes padded each to its own longest (a
-    batch mixes one-turn guesses with three-turn searches, 100 against 170 tokens)."""
+    rows, sorted by length, run in at most ``parts`` forward passes cut where they pad least,
+    each padded to its own longest (a batch mixes one-turn guesses with three-turn searches,
+    100 against 170 tokens)."""
     import torch
 
     rows = sorted(batch, key=lambda r: len(r[0]))
     total, count = 0.0, 0.0
-    for k in range(parts):
-        part = rows[k * len(rows) // parts:(k + 1) * len(rows) // parts]
-        if not part:
-            continue
+    for start, stop in padding_cuts([len(r[0]) for r in rows], parts):
+        part = rows[start:stop]
         ids, mask = pad_rows([r[0] for r in part], pad)
         logp, _ = next_token_logprobs(model, ids, mask, shared_length(ids, mask))
         weight = torch.zeros(logp.shape)  # a target token's weight; 0 past a row's end

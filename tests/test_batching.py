@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from tests.test_trajectory import make_traj
-from learner.batching import build_token_batch
+from learner.batching import build_token_batch, padding_cuts
 
 
 def test_advantages_land_on_action_tokens_only() -> None:
@@ -80,3 +80,19 @@ def test_rows_sort_by_length_within_each_ranks_share_of_each_mini_batch() -> Non
     widths = [one.rows(a, b).input_ids.size(1) for a, b in rank_micro_batches(0, 8, 0, 1, 2)]
     before = [tb.rows(a, b).input_ids.size(1) for a, b in rank_micro_batches(0, 8, 0, 1, 2)]
     assert widths == [9, 9, 4, 4] and before == [9, 9, 9, 9]
+
+
+def test_padding_cuts_split_where_rows_pad_least() -> None:
+    # six short rows and ten long ones: equal halves would pad two short-and-long groups
+    lengths = [30] * 6 + [100] * 10
+    assert padding_cuts(lengths, 2) == [(0, 6), (6, 16)]
+    assert padding_cuts([10, 11, 50, 51, 90, 95], 3) == [(0, 2), (2, 4), (4, 6)]
+    # one group when a cut saves nothing; never more groups than rows
+    assert padding_cuts([40, 40, 40], 2) == [(0, 3)]
+    assert padding_cuts([5], 4) == [(0, 1)] and padding_cuts([], 2) == []
+    # the cuts cover every row once, in order, and pad no more than any other split
+    lengths = sorted(np.random.default_rng(0).integers(20, 200, size=16).tolist())
+    spans = padding_cuts(lengths, 2)
+    assert [a for a, _ in spans[1:]] == [b for _, b in spans[:-1]] and spans[0][0] == 0 and spans[-1][1] == 16
+    padded = sum((b - a) * lengths[b - 1] for a, b in spans)
+    assert padded == min(k * lengths[k - 1] + (16 - k) * lengths[-1] for k in range(1, 17))
