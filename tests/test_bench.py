@@ -41,7 +41,8 @@ def _splits_build(cfg) -> None:
                                             ("serving", "p99 ratio (publishes / none)"),
                                             ("engines", "ratio vLLM engine/generate"),
                                             ("prefix_cache", "cache on / off speed"),
-                                            ("learner", "ratio learner/plain")])
+                                            ("learner", "ratio learner/plain"),
+                                            ("sft", "shared prefix + cuts")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
