@@ -87,7 +87,7 @@ def test_invalid_run_config_is_422_with_key_path_and_reason(service: Service) ->
     res = httpx.post(f"{service.url}/v1/runs", json=body, headers=bearer(ALICE))
     assert res.status_code == 422
     errors = {e["loc"]: e["msg"] for e in res.json()["detail"]}
-    assert errors["learner.lr"] == "Input should be greater than 0"
+    assert errors["learner.lr"] == "Input should be greater than or equal to 0"  # 0 freezes the weights
     assert errors["learner.lrr"].startswith("unknown key")
     assert "search_qa" in errors["env"]  # names the allowed environment types
     assert errors["train.steps"].startswith("Input should be a valid integer")
