@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import torch  # noqa: E402
 
-from learner.sft import _batch_loss, _weights  # noqa: E402
+from learner.sft import _batch_loss, target_weights  # noqa: E402
 from rollout.shared_prefix import pad_rows  # noqa: E402
 
 Row = tuple[list[int], list[int]]
@@ -43,9 +43,7 @@ def padded_loss(model, batch: list[Row], pad: int, context_weight: float) -> tor
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
                                             reduction="none").view(ids.size(0), -1)
-    weight = torch.zeros(nll.shape)
-    for i, (row, actions) in enumerate(batch):
-        weight[i, : len(row) - 1] = torch.tensor(_weights(actions, context_weight)[1:])
+    weight = target_weights(batch, ids.size(1), context_weight)
     return (nll * weight).sum() / weight.sum()
 
 

@@ -12,6 +12,8 @@ import math
 import random
 from typing import Any
 
+import torch
+
 from envs.base import Task, TaskSource
 from envs.toolcalls import format_answer
 from learner.batching import padding_cuts
@@ -95,13 +97,17 @@ def _lr_at(step: int, total: int, peak: float) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _weights(mask: list[int], context_weight: float) -> list[float]:
-    """Per-token loss weight of one row: 1 on action tokens, ``context_weight`` elsewhere."""
-    return [1.0 if m else context_weight for m in mask]
+def target_weights(rows: list[tuple[list[int], list[int]]], width: int, context_weight: float) -> torch.Tensor:
+    """[B, width - 1] loss weight of each row's next-token target: 1 on action tokens,
+    ``context_weight`` on the rest, 0 past the row's end."""
+    weight = torch.zeros(len(rows), width - 1)
+    for i, (ids, actions) in enumerate(rows):
+        weight[i, : len(ids) - 1] = torch.tensor([1.0 if a else context_weight for a in actions[1:]])
+    return weight
 
 
 def _batch_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad: int,
-                context_weight: float, parts: int = 2) -> Any:
+                context_weight: float, parts: int = 2) -> torch.Tensor:
     """Weighted mean next-token NLL over ``batch``'s tokens.
 
     Two cuts of padding, neither changing the loss: the system prompt and tool list every row
@@ -109,17 +115,13 @@ def _batch_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad: int,
     rows, sorted by length, run in at most ``parts`` forward passes cut where they pad least,
     each padded to its own longest (a batch mixes one-turn guesses with three-turn searches,
     100 against 170 tokens)."""
-    import torch
-
     rows = sorted(batch, key=lambda r: len(r[0]))
     total, count = 0.0, 0.0
     for start, stop in padding_cuts([len(r[0]) for r in rows], parts):
         part = rows[start:stop]
         ids, mask = pad_rows([r[0] for r in part], pad)
         logp, _ = next_token_logprobs(model, ids, mask, shared_length(ids, mask))
-        weight = torch.zeros(logp.shape)  # a target token's weight; 0 past a row's end
-        for i, (row_ids, actions) in enumerate(part):
-            weight[i, : len(row_ids) - 1] = torch.tensor(_weights(actions, context_weight)[1:])
+        weight = target_weights(part, ids.size(1), context_weight)
         total = total - (logp * weight).sum()
         count += float(weight.sum())
     return total / count
@@ -130,7 +132,6 @@ def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show
     """Fine-tune ``model`` in place on demonstrations of training tasks, windowed as the
     rollouts will be (``history_turns``); returns final stats. A batch samples
     ``batch_size`` demonstrations and trains all their rows."""
-    import torch
     from tqdm import tqdm
 
     rng = random.Random(cfg.seed)
