@@ -49,14 +49,14 @@ def _trajectories(history_turns: int | None) -> list[Trajectory]:
 
 
 def _update_gradients(policy: str, tmp_path, micro_batch_size: int, history_turns: int | None,
-                      agg: str) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+                      agg: str, lr: float = 1e-2) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """The gradients the optimizer receives for one update (after accumulation and clipping),
     and the weights after it. Gradients are what micro-batching must preserve: Adam divides
     each coordinate by its own gradient scale, so a coordinate whose gradient is ~0 turns float
     summation noise into an lr-sized move, and weights after Adam cannot be compared tightly."""
     from learner.worker import LearnerWorker
 
-    cfg = LearnerConfig(batch_groups=2, micro_batch_size=micro_batch_size, lr=1e-2, zero_stage=1,
+    cfg = LearnerConfig(batch_groups=2, micro_batch_size=micro_batch_size, lr=lr, zero_stage=1,
                         loss={"type": "ppo", "agg": agg})
     worker = LearnerWorker(cfg, policy, str(tmp_path), ports=None, group_size=2, temperature=1.0)
     base = getattr(worker.engine.optimizer, "optimizer", worker.engine.optimizer)  # under ZeRO's wrapper
@@ -89,6 +89,19 @@ def test_micro_batches_of_any_count_give_the_one_batch_update(tiny_policy, tmp_p
 
     start = load_file(f"{policy}/model.safetensors")
     assert any(not torch.allclose(after[k], start[k]) for k in start if k in after)
+
+
+def test_learning_rate_zero_runs_the_update_and_keeps_the_weights(tiny_policy, tmp_path) -> None:
+    """bench/pipeline.py freezes the policy with learner.lr=0: the update still computes its
+    gradients and takes its optimizer step, and the weights stay the warm start's."""
+    from safetensors.torch import load_file
+
+    grads, after = _update_gradients(tiny_policy[0], tmp_path, 64, None, "token-mean", lr=0.0)
+    assert any(float(g.abs().max()) > 0 for g in grads)
+    start = load_file(f"{tiny_policy[0]}/model.safetensors")
+    for k in start:
+        if k in after:
+            assert torch.equal(after[k], start[k]), k
 
 
 def _worker(policy: str, tmp_path, **learner):
