@@ -1,5 +1,6 @@
 # TurnRL: `make demo` trains on the built-in search-QA task; `make test` runs the suite.
-# Both build .venv from requirements.lock first (torch 2.13.0 CPU via PIP_FIND_LINKS).
+# Both build .venv from requirements.lock first (torch 2.13.0 CPU via PIP_FIND_LINKS); make test
+# adds requirements-test.lock (what only the tests and benches import).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 # PYTHONDONTWRITEBYTECODE would otherwise recompile every import of every Ray worker.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: venv vllm test-deps demo test test-fast bench clean
+.PHONY: venv test-venv vllm test-deps demo test test-fast bench clean
 
 venv: $(VENV)/.installed
 
@@ -22,11 +23,20 @@ $(VENV)/.installed: requirements.lock pyproject.toml tools/install.py
 	$(PYTHON) tools/install.py --venv $(VENV) -r requirements.lock -e .
 	touch $@
 
+# pytest, ruff, the openai SDK, schemathesis, pyarrow, sentence-transformers...: the demo needs
+# none of them, and a fresh machine's first `make demo` fetches ~29 fewer packages without them.
+test-venv: $(VENV)/.test-installed
+
+$(VENV)/.test-installed: $(VENV)/.installed requirements-test.lock
+	$(PYTHON) tools/install.py --venv $(VENV) -r requirements-test.lock
+	touch $@
+
 # vLLM's CPU build for the vllm engine tests and benches (make test; make demo leaves it out:
-# the demo runs the HF engine). --no-deps: requirements-vllm.lock says why.
+# the demo runs the HF engine). --no-deps: requirements-vllm.lock says why. After the test lock:
+# vLLM imports the openai SDK (and cloudpickle, jiter, sniffio), which that lock pins.
 vllm: $(VENV)/.vllm-installed
 
-$(VENV)/.vllm-installed: $(VENV)/.installed requirements-vllm.lock
+$(VENV)/.vllm-installed: $(VENV)/.test-installed requirements-vllm.lock
 	$(PYTHON) tools/install.py --venv $(VENV) -r requirements-vllm.lock
 	touch $@
 
@@ -45,11 +55,11 @@ test-deps:
 demo: venv
 	$(PY) -m cluster.cli train configs/demo.yaml $(ARGS)
 
-test: venv vllm test-deps
+test: test-venv vllm test-deps
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
 
-test-fast: venv
+test-fast: test-venv
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 bench: venv
