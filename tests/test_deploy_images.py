@@ -22,10 +22,9 @@ import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from tools.locks import pins as lock_pins
 
-import install  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "deploy" / "docker"
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
 COMPOSE = DOCKER / "compose.yaml"
@@ -35,12 +34,6 @@ BASE_PLATFORM = {"cpu": "cpu", "cuda": "cu130"}  # rayproject/ray tag suffix; cu
 
 def pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
-
-
-def lock_pins(path: Path) -> dict[str, str]:
-    """``name==version`` lines of a pip requirements file (names normalised, PEP 503), read as
-    the installer reads them."""
-    return {install.project_name(pin): pin.split("==", 1)[1] for pin in install.pins([path])}
 
 
 def project_pin(name: str) -> str:

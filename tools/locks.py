@@ -15,7 +15,6 @@ a fresh demo without something it does import, so tests/test_locks.py runs this 
 
 from __future__ import annotations
 
-import re
 import sys
 import tomllib
 from collections.abc import Iterable
@@ -25,24 +24,17 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script too
+
+from tools.install import pins as pin_lines  # noqa: E402
+from tools.install import project_name as normalize  # noqa: E402
 RUNTIME_EXTRAS = {"setuptools"}
 """Imported at run time (torch.utils.cpp_extension) though no dependency declares it."""
 
 
-def normalize(name: str) -> str:
-    """The canonical project name (PEP 503): case, dots and underscores do not matter."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def pins(path: Path) -> dict[str, str]:
-    """A lock file's ``name==version`` lines, by normalized name."""
-    out: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            out[normalize(name)] = version
-    return out
+    """A lock file's pins, version by normalized name, read as the installer reads them."""
+    return {normalize(pin): pin.split("==", 1)[1] for pin in pin_lines([path])}
 
 
 def closure(requirements: Iterable[str]) -> set[str]:
