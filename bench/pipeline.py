@@ -8,11 +8,21 @@ first ``--warmup`` steps of each mode (one-time costs; async's pipeline fill); t
 "all steps" column counts every step from the run's start.
 
 Both modes run with the same core split: generation (engine and rollout actors) on the first
-half of this machine's cores with everything else the run starts (Ray, driver, reward,
-environments, replay: ``cluster.cpu_affinity``), the learner alone on the other half
-(``cpu_affinity``, intra-op threads to match), so async can overlap the two instead of
-time-sharing the same cores.
+half of this machine's cores, the learner on the other half with everything else the run
+starts (Ray, driver, reward, environments, replay: ``cluster.cpu_affinity``), so async can
+overlap the two instead of time-sharing the same cores. The glue goes with the learner because
+in async generation is the side that limits (it was: g > t here), and the learner's side has
+slack while it waits for data; with the glue on the generation cores async's generation
+took 1.96 s a step against sync's 1.36 s (2026-11-26, ``--set cluster.cpu_affinity=[0]``).
 ``--shared-cores`` runs both modes unpinned instead.
+
+Async runs two batches deep: ``replay.eta=2`` and two batches' groups in flight per rollout
+actor (``rollout.groups_in_flight``, 8 on the demo) unless ``--depth 1`` (the demo's own
+``eta=1``, 4 groups in flight). One batch ahead is not enough to
+hide how a batch's generation time varies with its episodes (0.7-2.5 s a step here): the
+learner waited whenever one batch ran long, and async reached 0.70-0.80 of the ideal on
+either core split. Sync is unaffected (it generates each batch fresh). Staleness does not
+change what is measured: the learning rate is 0 (below).
 
 Both modes run with ``learner.lr=0`` unless ``--learn``: every update is computed and applied,
 weights are published and engines reload them, but the policy stays the warm start, so both
@@ -23,7 +33,8 @@ demo model, async's batches averaged 283 tokens wide against sync's 235 in one p
 which no overlap can make up for. The ratio then measures the runs' workloads as much as the
 overlap.
 
-    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--quick] [--learn] [--set k=v ...]
+    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--quick] [--learn]
+                             [--shared-cores] [--depth 2] [--set k=v ...]
 """
 
 from __future__ import annotations
@@ -53,12 +64,21 @@ def core_split() -> list[str]:
     if len(cores) < 2:
         raise SystemExit("a core split needs two cores; run with --shared-cores")
     gen, train = cores[: len(cores) // 2], cores[len(cores) // 2:]
-    # Everything but the learner (Ray, driver, reward, envs, replay) goes with generation: left
-    # free it would borrow the learner's idle cores during sync's generation phase, which async
-    # never has, and the two modes would not run on the same split.
-    return [f"cluster.cpu_affinity={gen}", f"rollout.engine.cpu_affinity={gen}", f"rollout.cpu_affinity={gen}",
+    # Everything but generation (Ray, driver, reward, envs, replay) goes with the learner: in
+    # both modes alike, so the two run on the same split.
+    return [f"cluster.cpu_affinity={train}", f"rollout.engine.cpu_affinity={gen}", f"rollout.cpu_affinity={gen}",
             f"rollout.engine.torch_threads={len(gen)}", f"learner.cpu_affinity={train}",
             f"learner.torch_threads={len(train)}"]
+
+
+def pipeline_depth(cfg_path: str, overrides: list[str], batches: int) -> list[str]:
+    """Overrides letting async producers run ``batches`` batches ahead of the learner (with
+    the groups of that many batches in flight)."""
+    from cluster.config import load_config
+
+    cfg = load_config(cfg_path, overrides)
+    per_batch = -(-cfg.learner.batch_groups // cfg.rollout.num_workers)
+    return [f"replay.eta={batches}", f"rollout.groups_in_flight={batches * per_batch}"]
 
 
 def mode_config(cfg_path: str, overrides: list[str], mode: str, steps: int) -> Any:
@@ -86,7 +106,10 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int)
            "train_s": result.timings["train_s"],
            # the work per sample, which must match between the modes for the ratio to be overlap
            "width": statistics.mean(r["tokens/row_width"] for r in timed),
-           "turns": statistics.mean(r["rollout/turns_mean"] for r in timed)}
+           "turns": statistics.mean(r["rollout/turns_mean"] for r in timed),
+           # the engine's decode steps a training step and their rows (HF engine only)
+           "decode_steps": statistics.mean(r.get("engine/decode_steps", 0.0) for r in timed),
+           "rows": statistics.mean(r.get("engine/rows_per_decode_step", 0.0) for r in timed)}
     if mode == "sync":
         out["g"] = statistics.mean(r["time/generate_s"] for r in timed)
         out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
@@ -105,25 +128,33 @@ def main() -> int:
     ap.add_argument("--shared-cores", action="store_true", help="no core split: every actor on every core")
     ap.add_argument("--learn", action="store_true",
                     help="keep the config's learning rate (default 0: both modes sample one policy)")
+    ap.add_argument("--depth", type=int, default=2,
+                    help="batches async may generate ahead of the learner (replay.eta; 4 groups in "
+                         "flight per batch); the demo's config runs 1")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     split = [] if args.shared_cores else core_split()
     frozen = [] if args.learn else ["learner.lr=0"]
-    overrides = (QUICK if args.quick else []) + split + frozen + args.overrides
+    overrides = (QUICK if args.quick else []) + split + frozen
+    depth = pipeline_depth(args.config, overrides + args.overrides, args.depth)
+    overrides += depth + args.overrides
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup {args.warmup} must be >= 0 and below --steps {args.steps}")
     sync = run(args.config, overrides, "sync", args.steps, args.warmup)
     asyn = run(args.config, overrides, "async", args.steps, args.warmup)
     ideal = (sync["g"] + sync["t"]) / max(sync["g"], sync["t"])
-    print(f"\ncores: {'shared' if args.shared_cores else ' '.join(o for o in split if 'affinity' in o)}")
+    affinity = [o for o in split + args.overrides if "affinity" in o]
+    print(f"\ncores: {'shared' if args.shared_cores else ' '.join(affinity)}")
+    print(f"async depth: {' '.join(depth + [o for o in args.overrides if 'eta' in o or 'in_flight' in o])}")
     print(f"weights: {'learning at the config lr' if args.learn else 'lr 0, one policy for both modes'}")
     print(f"steps per mode: {args.steps}, the first {args.warmup} left out of the rates; "
           f"generation g = {sync['g']:.2f}s/step, training t = {sync['t']:.2f}s/step")
-    print(f"{'mode':<8}{'samples/s':>12}{'all steps':>12}{'train s':>10}{'row width':>11}{'turns':>7}")
+    print(f"{'mode':<8}{'samples/s':>12}{'all steps':>12}{'train s':>10}{'row width':>11}{'turns':>7}"
+          f"{'decode steps':>14}{'rows each':>11}")
     for name, res in (("sync", sync), ("async", asyn)):
         print(f"{name:<8}{res['samples_per_s']:>12.2f}{res['all_samples_per_s']:>12.2f}{res['train_s']:>10.1f}"
-              f"{res['width']:>11.1f}{res['turns']:>7.2f}")
+              f"{res['width']:>11.1f}{res['turns']:>7.2f}{res['decode_steps']:>14.1f}{res['rows']:>11.1f}")
     ratio = asyn["samples_per_s"] / sync["samples_per_s"]
     print(f"async/sync ratio: {ratio:.2f}   ideal (g+t)/max(g,t): {ideal:.2f}   "
           f"share of ideal: {ratio / ideal:.2f} (goal >= 0.9)")

@@ -1,12 +1,13 @@
 """Replay store throughput: RedisReplayStore put+claim+ack against raw redis-py writes.
 
     .venv/bin/python bench/replay.py [--quick] [--groups N] [--batch B] [--appendfsync P]
-                                     [--no-json]
+                                     [--no-json] [--single-puts]
 
 Starts its own redis-server (loopback, data in a temporary directory, append-only file on with
 the embedded default ``appendfsync always`` unless told otherwise) and drives, round after
-round, what producers and the learner do: put B realistic groups (16 rollouts x 8 turns x 256
-sampled tokens, plus a 256-token prompt and 64-token observations), claim B, ack, commit.
+round, what producers and the learner do: put B realistic groups (16 rollouts x 8 turns x
+256 sampled tokens, plus a 256-token prompt and 64-token observations) in one ``put_many``
+(the reward service coalesces the puts of groups that finish together), claim B, ack, commit.
 Each round is paired with a round of raw redis-py pipelined SETs of the same B payloads
 (pre-encoded, on a client set up like the store's), so both see the same machine load: on a
 shared machine the raw rate alone swings 2x from minute to minute.
@@ -14,7 +15,7 @@ shared machine the raw rate alone swings 2x from minute to minute.
 One line per payload encoding (the binary record of replay/codec.py; with zlib; and the JSON
 the store wrote before, for comparison), and a last line with the codec taken out (records
 encoded before the clock starts, claims not decoded: the store's Redis work alone, the most any
-encoding could reach), gives:
+encoding could reach), gives (``--single-puts`` adds both with one ``put`` per group):
 
 - store groups/s (encoding, Lua scripts, reading back and decoding included) and raw
   pipelined SET groups/s of the same bytes (writes only), and their ratio (goal: >= 0.5);
@@ -121,11 +122,13 @@ def raw_round(client, payloads: list[bytes], first: int) -> float:
     return elapsed
 
 
-def store_round(store: RedisReplayStore, groups: list[Group], totals: Totals) -> None:
-    """Producers put the batch; the learner claims, acknowledges and checkpoints it."""
+def store_round(store: RedisReplayStore, groups: list[Group], totals: Totals, single: bool) -> None:
+    """Producers put the batch (one ``put_many``, as the reward service's coalesced puts
+    send groups that finish together; ``single``: one ``put`` each); the learner claims,
+    acknowledges and checkpoints it."""
     start = time.perf_counter()
-    for group in groups:
-        assert store.put(group).accepted
+    results = [store.put(group) for group in groups] if single else store.put_many(groups)
+    assert all(r.accepted for r in results)
     t = time.perf_counter()
     claim = store.claim(len(groups))
     totals.claim_s.append(time.perf_counter() - t)
@@ -143,7 +146,7 @@ def codec_taken_out(payloads: dict[str, bytes]) -> Iterator[None]:
 
 
 def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: bool,
-          floor: bool = False) -> Totals:
+          floor: bool = False, single: bool = False) -> Totals:
     """Alternate a raw round and a store round over the same batches (``floor``: with the
     codec taken out of the store)."""
     cfg = ReplayConfig(type="redis", url=url, compress=compress, eta=10**6,
@@ -156,7 +159,7 @@ def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: 
     with codec_taken_out(pre_encoded) if floor else store_encoding(encode):
         for i in range(0, len(groups), batch):
             totals.raw_s += raw_round(raw_client, payloads[i:i + batch], i)
-            store_round(store, groups[i:i + batch], totals)
+            store_round(store, groups[i:i + batch], totals, single)
     assert store.stats().trained == len(groups)
     store.delete_run()
     store.close()
@@ -177,13 +180,15 @@ def codec_ms(group: Group, encode: Encoder, compress: bool, reps: int = 10) -> t
     return enc * 1e3, (time.perf_counter() - t) / reps * 1e3
 
 
-def run(url: str, groups: list[Group], batch: int, name: str, floor: bool = False) -> str:
-    """One line of results for one payload encoding (``floor``: its bytes, codec taken out)."""
+def run(url: str, groups: list[Group], batch: int, name: str, floor: bool = False,
+        single: bool = False) -> str:
+    """One line of results for one payload encoding (``floor``: its bytes, codec taken out;
+    ``single``: one put per group)."""
     encode, compress = ENCODINGS[name]
     enc, dec = (0.0, 0.0) if floor else codec_ms(groups[0], encode, compress)
-    res = bench(url, groups, batch, encode, compress, floor)
+    res = bench(url, groups, batch, encode, compress, floor, single)
     store, raw = len(groups) / res.store_s, len(groups) / res.raw_s
-    label = f"{name}, codec taken out" if floor else name
+    label = (f"{name}, codec taken out" if floor else name) + (", one put per group" if single else "")
     return (f"[{label}] store put+claim+ack {store:6.1f} groups/s | raw pipelined SET of the same "
             f"bytes {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
             f"{pct(res.claim_s, 0.5) * 1e3:.1f} ms p95 {pct(res.claim_s, 0.95) * 1e3:.1f} ms "
@@ -199,6 +204,8 @@ def main() -> None:
     parser.add_argument("--appendfsync", choices=["always", "everysec", "no", "off"],
                         default="always", help="server AOF policy; 'off' disables the AOF")
     parser.add_argument("--no-json", action="store_true", help="skip the old JSON encoding's line")
+    parser.add_argument("--single-puts", action="store_true",
+                        help="add lines with one put per group (before puts were coalesced)")
     args = parser.parse_args()
     n = args.groups or (32 if args.quick else 256)
     groups = make_groups(n)
@@ -214,6 +221,9 @@ def main() -> None:
         for name in names:
             print(run(server.url, groups, args.batch, name), flush=True)
         print(run(server.url, groups, args.batch, "binary", floor=True), flush=True)
+        if args.single_puts:
+            print(run(server.url, groups, args.batch, "binary", single=True), flush=True)
+            print(run(server.url, groups, args.batch, "binary", floor=True, single=True), flush=True)
 
 
 if __name__ == "__main__":

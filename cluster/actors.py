@@ -216,7 +216,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     from learner.ports import ActorLearnerPorts
     from learner.weights import WeightBroker
     from learner.worker import LearnerWorker
-    from replay.host import ReplayHost
+    from replay.host import ACTOR_THREADS, ReplayHost
     from cluster.reward_service import start_reward_service
     from rollout.engines.client import RayEngineClient
     from rollout.ports import ActorEnvPort, ActorPorts
@@ -230,8 +230,9 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     # Admission paces the producers by the scheduled share of each batch (live groups are
     # put unscheduled and bounded on their own).
     services = cfg.cluster.service_resources
+    # Threads: a learner waiting in claim_wait must not hold up the puts that end its wait.
     replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
-                                        resources=services).remote(
+                                        resources=services, max_concurrency=ACTOR_THREADS).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
     broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services, name=broker_name(run_id)).remote()
     engines = start_engines(cfg, str(policy_path), run_id)

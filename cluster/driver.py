@@ -127,7 +127,21 @@ def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
            "rollout/dropped_groups": sum(s.get("dropped", 0) for s in stats)}
     if actors.gateway is not None:
         out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, dt)
+    if engines and all("forwards" in s for s in engines):  # the HF engine counts its decode steps
+        out |= _decode_steps(engines, last)
     last.update(t=now, tokens=tokens, episodes=episodes)
+    return out
+
+
+def _decode_steps(engines: list[dict[str, Any]], last: dict[str, float]) -> dict[str, float]:
+    """Decode steps the engines ran since the last step and their mean rows: a small engine's
+    step costs about the same whatever its rows, so fuller steps are cheaper samples."""
+    forwards = sum(s["forwards"] for s in engines)
+    rows = sum(s["forward_rows"] for s in engines)
+    steps = forwards - last.get("forwards", 0)
+    out = {"engine/decode_steps": steps,
+           "engine/rows_per_decode_step": (rows - last.get("forward_rows", 0)) / max(steps, 1)}
+    last.update(forwards=forwards, forward_rows=rows)
     return out
 
 

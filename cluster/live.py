@@ -58,10 +58,10 @@ def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] 
     from rewards.config import RewardsConfig
     from rewards.service import RewardService
 
-    async def put(group: Any, scheduled: bool = True) -> Any:
-        return store.put(group, scheduled)
+    async def put_many(groups: list[Any], scheduled: bool = True) -> list[Any]:
+        return store.put_many(groups, scheduled)
 
-    return RewardService(rewards_cfg or RewardsConfig(), ReplayConfig(), put, judges=list(judges))
+    return RewardService(rewards_cfg or RewardsConfig(), ReplayConfig(), put_many, judges=list(judges))
 
 
 def scorable_without_feedback(cfg: RunConfig) -> bool:

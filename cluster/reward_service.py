@@ -22,13 +22,13 @@ from cluster.config import RunConfig
 
 
 class ReplayPut:
-    """``await put(group, scheduled)`` on the replay actor."""
+    """``await put_many(groups, scheduled)`` on the replay actor."""
 
     def __init__(self, replay: Any) -> None:
         self.replay = replay
 
-    async def __call__(self, group: Any, scheduled: bool = True) -> Any:
-        return await self.replay.put.remote(group, scheduled)
+    async def __call__(self, groups: list[Any], scheduled: bool = True) -> list[Any]:
+        return await self.replay.put_many.remote(groups, scheduled)
 
 
 class ActorScorer:

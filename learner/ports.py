@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol
 
 from replay.base import Claim, LiveShare
+from replay.client import poll_claim
 
 
 class LearnerPorts(Protocol):
-    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None: ...
+    def claim(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
+        """``n`` groups, waiting up to ``wait_s`` for them; None if they did not come."""
     def ack(self, claim_id: str, version: int) -> None: ...
     def commit(self, version: int) -> None: ...
     def publish(self, version: int, state: Mapping[str, Any]) -> None: ...
@@ -27,10 +29,10 @@ class ActorLearnerPorts:
         self.weights, self.run_dir, self.engines = weights, run_dir, engines
         self._publisher: Any = None
 
-    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
+    def claim(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
         import ray
 
-        return ray.get(self.replay.claim.remote(n, live))
+        return ray.get(self.replay.claim_wait.remote(n, live, wait_s))  # puts wake it (replay/host.py)
 
     def ack(self, claim_id: str, version: int) -> None:
         import ray
@@ -61,8 +63,8 @@ class LocalLearnerPorts:
         self.store = store
         self.published: tuple[int, Mapping[str, Any]] | None = None
 
-    def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
-        return self.store.claim(n, live)
+    def claim(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
+        return poll_claim(lambda: self.store.claim(n, live), wait_s)  # nothing to wake a local store
 
     def ack(self, claim_id: str, version: int) -> None:
         self.store.ack(claim_id, version)

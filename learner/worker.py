@@ -170,7 +170,7 @@ class LearnerWorker:
 
     def _claim(self) -> Claim:
         live = (self.live_groups, self.live_groups) if self.live_groups else None
-        claim = wait_claim(lambda n: self.ports.claim(n, live), self.cfg.batch_groups,
+        claim = wait_claim(lambda n, wait_s: self.ports.claim(n, live, wait_s), self.cfg.batch_groups,
                            self.cfg.claim_timeout_s, should_stop=self._interrupted.is_set)
         if claim is None and self._interrupted.is_set():
             raise InterruptedError("the learner was told to stop waiting for a batch (the run is ending)")

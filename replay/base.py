@@ -124,6 +124,11 @@ class ReplayStore(ABC):
         when there is one; an unscheduled one (live traffic) takes none and is refused
         ``live_full`` past ``live_capacity_groups``."""
 
+    def put_many(self, groups: list[Group], scheduled: bool = True) -> list[PutResult]:
+        """``put`` of each group, in order, each accepted or refused on its own; a store may
+        send them together (Redis: one transaction, one round trip)."""
+        return [self.put(group, scheduled) for group in groups]
+
     @abstractmethod
     def claim(self, num_groups: int, live: LiveShare | None = None) -> Claim | None:
         """Claim ``num_groups`` fresh groups, oldest first: as many live ones as are ready

@@ -4,16 +4,44 @@ For the in-process backend the actor *is* the store; for Redis it is a thin clie
 lives in Redis, so the actor can be restarted freely). The host also keeps which producer
 holds how many reservations, so a producer that dies has them given back
 (``release_producer``) instead of shrinking admission for the rest of the run.
+
+The learner waits for a batch inside the host (``claim_wait``) rather than asking again and
+again: the actor runs calls on several threads (``max_concurrency``), one at a time under a
+lock, and a put wakes the waiting claim. Asked every 20 ms instead, the replay actor used
+0.12 s of CPU an async step against 0.06 s a sync one (bench/pipeline.py, 2026-11-26), on
+the generating core, and a batch waited up to 20 ms after its last put.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+import time
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from replay.base import Claim, LiveShare, PutResult, ReplayStats
 from replay.config import ReplayConfig
 from replay.registry import make_store
 from rollout.trajectory import Group
+
+F = TypeVar("F", bound=Callable[..., Any])
+ACTOR_THREADS = 8
+"""``max_concurrency`` for the host's actor: the waiting claim, producers' puts and stats."""
+RECHECK_S = 0.25
+"""A waiting claim also looks again this often: a group put into Redis by another client
+(not through this host) wakes no one."""
+
+
+def _serial(method: F) -> F:
+    """One call at a time: the stores are not thread-safe."""
+
+    @functools.wraps(method)
+    def locked(self: "ReplayHost", *args: Any, **kwargs: Any) -> Any:
+        with self._changed:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 class ReplayHost:
@@ -21,25 +49,36 @@ class ReplayHost:
         self.store = make_store(cfg, batch_groups, Path(run_dir), run_id)
         self._held: dict[str, int] = {}
         """Producer -> reservations granted and not yet used by a put or released."""
+        self._changed = threading.Condition()
+        """Held by every call; notified when groups may have become claimable."""
 
+    @_serial
     def reserve(self, n: int, producer: str | None = None) -> int:
         granted = self.store.reserve(n)
         if producer is not None:
             self._held[producer] = self._held.get(producer, 0) + granted
         return granted
 
+    @_serial
     def release(self, n: int, producer: str | None = None) -> None:
         self.store.release(n)
         if producer is not None:
             self._held[producer] = max(0, self._held.get(producer, 0) - n)
 
     def put(self, group: Group, scheduled: bool = True) -> PutResult:
-        result = self.store.put(group, scheduled)
-        producer = group.trajectories[0].metadata.get("producer")
-        if scheduled and producer in self._held and result.status in ("accepted", "stale"):
-            self._held[producer] = max(0, self._held[producer] - 1)  # the put used its reservation
-        return result
+        return self.put_many([group], scheduled)[0]
 
+    @_serial
+    def put_many(self, groups: list[Group], scheduled: bool = True) -> list[PutResult]:
+        results = self.store.put_many(groups, scheduled)
+        for group, result in zip(groups, results):
+            producer = group.trajectories[0].metadata.get("producer")
+            if scheduled and producer in self._held and result.status in ("accepted", "stale"):
+                self._held[producer] = max(0, self._held[producer] - 1)  # the put used its reservation
+        self._changed.notify_all()
+        return results
+
+    @_serial
     def release_producer(self, producer: str) -> int:
         """Give back every reservation ``producer`` holds (it died with its groups in flight);
         returns how many: the groups it lost."""
@@ -48,23 +87,43 @@ class ReplayHost:
             self.store.release(n)
         return n
 
+    @_serial
     def live_room(self) -> int:
         return self.store.live_room()
 
+    @_serial
     def claim(self, n: int, live: LiveShare | None = None) -> Claim | None:
         return self.store.claim(n, live)
 
+    @_serial
+    def claim_wait(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
+        """``claim``, waiting up to ``wait_s`` for the groups to arrive (a put wakes it)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            claim = self.store.claim(n, live)
+            left = deadline - time.monotonic()
+            if claim is not None or left <= 0:
+                return claim
+            self._changed.wait(min(left, RECHECK_S))  # lets puts in meanwhile
+
+    @_serial
     def ack(self, claim_id: str, version: int) -> None:
         self.store.ack(claim_id, version)
 
+    @_serial
     def commit(self, version: int) -> int:
         return self.store.commit(version)
 
+    @_serial
     def recover(self, checkpoint_version: int | None = None) -> int:
-        return self.store.recover(checkpoint_version)
+        requeued = self.store.recover(checkpoint_version)
+        self._changed.notify_all()
+        return requeued
 
+    @_serial
     def stats(self) -> ReplayStats:
         return self.store.stats()
 
+    @_serial
     def close(self) -> None:
         self.store.close()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
 from replay.base import PutResult
-from replay.client import aput
+from replay.client import PutCoalescer, aput
 from replay.config import ReplayConfig
 from rewards.combine import SourceResult, failed, missing_counts, process_result, write_source
 from rewards.config import JudgeConfig, RewardsConfig
@@ -79,13 +79,16 @@ class RewardService:
     for offline use, ``stats`` for the driver and metrics. See the module docstring."""
 
     def __init__(self, cfg: RewardsConfig, replay_cfg: ReplayConfig,
-                 put: Callable[[Group], Awaitable[PutResult]] | None,
+                 put_many: Callable[[list[Group], bool], Awaitable[list[PutResult]]] | None,
                  scorers: list[ScorerPort] = (), judges: list[JudgePort] = ()) -> None:
         if (cfg.ig is not None or (cfg.prm is not None and cfg.prm.type == "model")) and not scorers:
             raise ValueError("rewards.ig / rewards.prm need at least one model scorer")
         if isinstance(cfg.prm, JudgeConfig) and not judges:
             raise ValueError("rewards.prm type judge needs at least one judge worker")
-        self.cfg, self.replay_cfg, self._put = cfg, replay_cfg, put
+        self.cfg, self.replay_cfg, self._put_many = cfg, replay_cfg, put_many
+        # Groups scored together (one batch of the scorers) finish together: their puts go
+        # to replay as one call (Redis: one transaction and one fsync instead of one each).
+        self._put = None if put_many is None else PutCoalescer(lambda groups: put_many(groups, True))
         self.scorers, self.judges = list(scorers), list(judges)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts: dict[str, Any] = {
@@ -129,9 +132,9 @@ class RewardService:
         refuses it at once and the gateway counts it shed."""
         self._start()
         await self.score_group(group)
-        if self._put is None:
+        if self._put_many is None:
             raise RuntimeError("this RewardService has no replay; use score_group")
-        result = await self._put(group, scheduled=False)
+        (result,) = await self._put_many([group], False)
         self._counts["live_put"][result.status] = self._counts["live_put"].get(result.status, 0) + 1
         return result
 

@@ -158,6 +158,19 @@ def test_capacity_bytes(make_store: MakeStore) -> None:
     assert store.stats().bytes == 2 * size
 
 
+def test_put_many_decides_each_group_on_its_own(make_store: MakeStore) -> None:
+    # One call (Redis: one transaction) for four groups: the first two fill the store, the
+    # third is refused full, the fourth repeats the first: each gets its own answer, in order.
+    store = make_store(capacity_groups=2)
+    assert store.reserve(3) == 3
+    results = store.put_many([make_group("a"), make_group("b"), make_group("c"), make_group("a")])
+    assert [r.status for r in results] == ["accepted", "accepted", "full", "duplicate"]
+    s = store.stats()
+    assert (s.accepted, s.running, s.refused) == (2, 1, {"full": 1, "duplicate": 1})
+    assert ids(store.claim(2)) == ["a", "b"]
+    assert store.put_many([]) == []
+
+
 # -- duplicates ---------------------------------------------------------------------------
 def test_duplicate_refused_while_held_and_after_training(make_store: MakeStore) -> None:
     store = make_store()

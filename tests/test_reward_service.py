@@ -246,7 +246,7 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
     ray = ray_cluster
     from cluster.reward_service import check_cpus, start_reward_service
     from learner.weights import WeightBroker
-    from replay.host import ReplayHost
+    from replay.host import ACTOR_THREADS, ReplayHost
     from rewards.prm import ProcessRewardModel, prm_input
 
     cfg = tiny_run_config([
@@ -255,7 +255,7 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
         f"rewards.prm={{type: model, path: '{policy.path}', transform: clip, clip_shift: 0.5}}"])
     with pytest.raises(RuntimeError, match="needs 2.25 Ray CPUs with 1 reward scorer"):
         check_cpus(tiny_run_config(), 1, 0)  # 0.5 rollout + 1 learner + 0.25 x 3 > 2
-    replay = ray.remote(ReplayHost).options(num_cpus=0.1).remote(cfg.replay, 1, str(tmp_path), "t")
+    replay = ray.remote(ReplayHost).options(num_cpus=0.1, max_concurrency=ACTOR_THREADS).remote(cfg.replay, 1, str(tmp_path), "t")
     broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
     reward = start_reward_service(cfg, replay, broker, policy.path)
     g1 = group_of("g1", episode(policy, 4, False), episode(policy, 4, True))

@@ -151,11 +151,11 @@ def test_reward_service_counts_groups_in_flight() -> None:
     async def scenario() -> tuple[dict, dict]:
         gate = asyncio.Event()
 
-        async def put(group):  # replay that holds the group until the gate opens
+        async def put_many(groups, scheduled):  # replay that holds the groups until the gate opens
             await gate.wait()
-            return PutResult("accepted")
+            return [PutResult("accepted") for _ in groups]
 
-        service = instrument(RewardService, "reward")(RewardsConfig(), ReplayConfig(), put)
+        service = instrument(RewardService, "reward")(RewardsConfig(), ReplayConfig(), put_many)
         pending = asyncio.ensure_future(service.submit(make_group("g1")))
         for _ in range(100):
             await asyncio.sleep(0)

@@ -150,10 +150,10 @@ def test_an_interrupted_learner_stops_waiting_and_still_checkpoints(tiny_policy,
     from learner.weights import WeightBroker
     from learner.worker import LearnerWorker
     from replay.config import ReplayConfig
-    from replay.host import ReplayHost
+    from replay.host import ACTOR_THREADS, ReplayHost
 
     ray = ray_cluster
-    replay = ray.remote(ReplayHost).options(num_cpus=0).remote(ReplayConfig(), 2, str(tmp_path), "interrupt")
+    replay = ray.remote(ReplayHost).options(num_cpus=0, max_concurrency=ACTOR_THREADS).remote(ReplayConfig(), 2, str(tmp_path), "interrupt")
     broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
     learner = learner_actor_class(LearnerWorker).options(num_cpus=0.5).remote(
         LearnerConfig(batch_groups=2, claim_timeout_s=600), tiny_policy[0], str(tmp_path),

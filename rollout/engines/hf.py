@@ -161,7 +161,8 @@ class HFEngine(Engine):
         # on the same cores (measured: about 2x slower per token on 2 cores, bench/engines.py).
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-decode")
         self._stats = {"tokens": 0.0, "batches": 0.0, "rows": 0.0, "decode_s": 0.0, "weight_loads": 0.0,
-                       "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0, "joins": 0.0}
+                       "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0, "joins": 0.0,
+                       "forwards": 0.0, "forward_rows": 0.0}
 
     @property
     def version(self) -> int:
@@ -515,6 +516,8 @@ class HFEngine(Engine):
         mask = rows.grow()
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, None, None] if self._sdpa else mask,
                          position_ids=rows.next_pos, past_key_values=rows.cache, use_cache=True)
+        self._stats["forwards"] += 1  # decode steps and their rows: how full batches run
+        self._stats["forward_rows"] += len(rows.reqs)
         rows.next_pos = rows.next_pos + 1
         rows.logits = out.logits[:, -1]
 

@@ -1,0 +1,110 @@
+"""The replay host's waiting claim and the reward side's coalesced puts.
+
+``ReplayHost.claim_wait`` holds a learner's claim until puts make the batch (no polling);
+``PutCoalescer`` sends the puts that arrive while one is in flight as one ``put_many``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from redis_fixture import make_group
+
+from replay.client import PutCoalescer, wait_claim
+from replay.config import ReplayConfig
+from replay.host import ACTOR_THREADS, ReplayHost
+from replay.memory import InProcessReplayStore
+
+
+def test_a_waiting_claim_is_woken_by_the_put_that_completes_the_batch(tmp_path) -> None:
+    host = ReplayHost(ReplayConfig(), 2, str(tmp_path), "wake")
+    host.put(make_group("a"))
+    timer = threading.Timer(0.3, lambda: host.put(make_group("b")))
+    timer.start()
+    t0 = time.monotonic()
+    claim = host.claim_wait(2, None, wait_s=30.0)
+    waited = time.monotonic() - t0
+    timer.join()
+    assert [g.group_id for g in claim.groups] == ["a", "b"]
+    assert waited < 15.0, f"waited {waited:.1f}s: the put did not wake the claim"
+
+
+def test_a_waiting_claim_gives_none_when_the_wait_ends(tmp_path) -> None:
+    host = ReplayHost(ReplayConfig(), 2, str(tmp_path), "empty")
+    host.put(make_group("a"))
+    t0 = time.monotonic()
+    assert host.claim_wait(2, None, wait_s=0.4) is None
+    assert time.monotonic() - t0 >= 0.4
+    assert host.stats().ready == 1  # nothing claimed by the failed wait
+
+
+def test_wait_claim_checks_for_a_stop_between_slices() -> None:
+    asked: list[float] = []
+
+    def claim(n: int, wait_s: float) -> None:
+        asked.append(wait_s)
+        time.sleep(0.01)
+        return None
+
+    stops = iter([False, False, True])
+    assert wait_claim(claim, 2, timeout_s=600, should_stop=lambda: next(stops)) is None
+    assert asked == [0.5, 0.5]  # slices of 0.5 s, not one call for the whole timeout
+
+
+def test_the_replay_actor_lets_puts_in_while_a_claim_waits(ray_cluster, tmp_path) -> None:
+    ray = ray_cluster
+    host = ray.remote(ReplayHost).options(num_cpus=0, max_concurrency=ACTOR_THREADS).remote(
+        ReplayConfig(), 1, str(tmp_path), "actor")
+    waiting = host.claim_wait.remote(1, None, 60.0)
+    time.sleep(0.5)
+    assert ray.get(host.put.remote(make_group("a")), timeout=30).accepted  # not queued behind the claim
+    claim = ray.get(waiting, timeout=30)
+    assert [g.group_id for g in claim.groups] == ["a"]
+    ray.kill(host)
+
+
+def test_puts_arriving_during_a_call_go_together_in_the_next() -> None:
+    store = InProcessReplayStore(ReplayConfig(capacity_groups=6), 1)
+    calls: list[list[str]] = []
+
+    async def put_many(groups):
+        calls.append([g.group_id for g in groups])
+        await asyncio.sleep(0.05)  # the round trip, during which more puts arrive
+        return store.put_many(groups)
+
+    async def main():
+        put = PutCoalescer(put_many)
+        first = asyncio.ensure_future(put(make_group("g0")))
+        await asyncio.sleep(0.01)  # its call is in flight
+        return await asyncio.gather(first, *[put(make_group(f"g{i}")) for i in range(1, 8)])
+
+    results = asyncio.run(main())
+    assert calls == [["g0"], [f"g{i}" for i in range(1, 8)]]
+    assert [r.status for r in results] == ["accepted"] * 6 + ["full"] * 2  # each its own answer
+    assert store.stats().accepted == 6
+
+
+def test_a_failed_call_fails_every_put_in_it_and_the_next_call_goes_on() -> None:
+    calls: list[int] = []
+
+    async def put_many(groups):
+        calls.append(len(groups))
+        await asyncio.sleep(0.01)
+        if len(calls) == 1:
+            raise ConnectionError("replay actor died")
+        return InProcessReplayStore(ReplayConfig(), 1).put_many(groups)
+
+    async def main():
+        put = PutCoalescer(put_many)
+        first = asyncio.ensure_future(put(make_group("a")))
+        await asyncio.sleep(0)  # the first call is in flight
+        rest = [asyncio.ensure_future(put(make_group(g))) for g in ("b", "c")]
+        with pytest.raises(ConnectionError, match="replay actor died"):
+            await first
+        return await asyncio.gather(*rest)
+
+    assert [r.status for r in asyncio.run(main())] == ["accepted", "accepted"]
+    assert calls == [1, 2]
