@@ -129,8 +129,8 @@ def main() -> int:
     ap.add_argument("--learn", action="store_true",
                     help="keep the config's learning rate (default 0: both modes sample one policy)")
     ap.add_argument("--depth", type=int, default=2,
-                    help="batches async may generate ahead of the learner (replay.eta; 4 groups in "
-                         "flight per batch); the demo's config runs 1")
+                    help="batches async may generate ahead of the learner (replay.eta, with a batch's "
+                         "groups in flight for each); the demo's config runs 1")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -73,3 +73,13 @@ def test_warm_start_demo_config_builds() -> None:
     from cluster.config import load_config
 
     _splits_build(load_config(str(ROOT / "configs" / "demo.yaml"), []))
+
+
+def test_pipeline_runs_async_two_batches_deep_on_any_config() -> None:
+    pipeline = _bench("pipeline")
+    assert pipeline.pipeline_depth(pipeline.DEMO, [], 2) == ["replay.eta=2", "rollout.groups_in_flight=8"]
+    # a batch's groups are shared among the rollout actors: each keeps its share in flight
+    two = pipeline.pipeline_depth(pipeline.DEMO, ["rollout.num_workers=2"], 3)
+    assert two == ["replay.eta=3", "rollout.groups_in_flight=6"]
+    cfg = pipeline.mode_config(pipeline.DEMO, pipeline.pipeline_depth(pipeline.DEMO, [], 2), "async", steps=8)
+    assert (cfg.replay.eta, cfg.rollout.groups_in_flight) == (2, 8)
