@@ -148,7 +148,7 @@ def codec_taken_out(payloads: dict[str, bytes]) -> Iterator[None]:
 def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: bool,
           floor: bool = False, single: bool = False) -> Totals:
     """Alternate a raw round and a store round over the same batches (``floor``: with the
-    codec taken out of the store)."""
+    codec taken out of the store; ``single``: one put per group)."""
     cfg = ReplayConfig(type="redis", url=url, compress=compress, eta=10**6,
                        capacity_groups=4 * batch, capacity_bytes=2**40)
     store = RedisReplayStore(cfg, batch, run_id=f"bench-{time.time_ns()}")

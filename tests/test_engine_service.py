@@ -247,6 +247,9 @@ def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
             time.sleep(0.01)
         after = client.engine.stats()
         assert after["batches"] - before["batches"] == 1 and after["rows"] - before["rows"] == 3
+        # the first token comes from the prefill, each of the other 7 from one decode step of 3 rows
+        assert after["forwards"] - before["forwards"] == 7
+        assert after["forward_rows"] - before["forward_rows"] == 21
 
 
 @pytest.mark.parametrize("join_wait_ms,joins", [(0.0, 1), (60_000.0, 0)])

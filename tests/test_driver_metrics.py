@@ -1,0 +1,15 @@
+"""The driver's per-step engine metrics: deltas of the engines' cumulative counters."""
+
+from __future__ import annotations
+
+from cluster.driver import _decode_steps
+
+
+def test_decode_steps_are_per_step_deltas_summed_over_engines() -> None:
+    last: dict[str, float] = {}
+    first = _decode_steps([{"forwards": 10, "forward_rows": 80}, {"forwards": 5, "forward_rows": 10}], last)
+    assert first == {"engine/decode_steps": 15, "engine/rows_per_decode_step": 6.0}
+    second = _decode_steps([{"forwards": 14, "forward_rows": 100}, {"forwards": 9, "forward_rows": 30}], last)
+    assert second == {"engine/decode_steps": 8, "engine/rows_per_decode_step": 5.0}  # 40 rows / 8 steps
+    idle = _decode_steps([{"forwards": 14, "forward_rows": 100}, {"forwards": 9, "forward_rows": 30}], last)
+    assert idle == {"engine/decode_steps": 0, "engine/rows_per_decode_step": 0.0}
