@@ -198,13 +198,15 @@ class LearnerWorker:
         the reward service stamps from RewardsConfig, else ``mask_turn``): ``mask_turn`` drops
         that turn from every pool and the loss, ``skip_group`` drops the trajectory's whole
         group, ``zero`` reads it as 0.0 (biased; for debugging)."""
-        batch = turn_batch_from_trajectories(trajs)
-        mask = batch.mask.copy()
         # The run's reward sources and weights, stamped by the reward service
         # (RewardsConfig.trained_weights()); without a stamp, the estimator's own sources.
         weights = next((t.metadata["reward_weights"] for t in trajs if "reward_weights" in t.metadata),
                        None)
         needed = read_sources(self.cfg.estimator, weights)
+        # A column for every source read, even one no turn of this batch carries (IG in a batch
+        # of one-turn rollouts): the run checked at start that its reward stages produce them.
+        batch = turn_batch_from_trajectories(trajs, needed - {"outcome"})
+        mask = batch.mask.copy()
         mode = on_missing or next((t.metadata["on_missing"] for t in trajs if "on_missing" in t.metadata),
                                   "mask_turn")
         if mode not in ("mask_turn", "skip_group", "zero"):

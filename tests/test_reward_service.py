@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.advantages.config import IGPOConfig
+from learner.advantages.config import A2TGPOConfig, IGPOConfig
 from learner.config import LearnerConfig
 from learner.worker import LearnerWorker
 from replay.config import ReplayConfig
@@ -239,6 +239,21 @@ def test_learner_drops_turns_the_estimator_drops() -> None:
     res, mask = LearnerWorker._advantages(learner, trajs, "mask_turn")
     assert mask.astype(int).tolist() == [1, 1, 0, 0, 1, 1]  # b's answer turn leaves the loss too
     assert res.advantages[2:4].tolist() == [0.0, 0.0]
+
+def test_learner_trains_a_batch_whose_rollouts_all_answered_in_their_first_turn() -> None:
+    """IG goes on turns 1..T-1 only, so a batch of one-turn rollouts carries no IG at all; the
+    learner must train it on its outcomes, not stop the run for a missing ``ig`` column (seen
+    in test_survival: a tiny policy answered at once in every rollout of a batch)."""
+    trajs = [Trajectory(trajectory_id=tid, task_id="g", group_id="g", prompt_ids=[0], outcome=outcome,
+                        turns=[Turn(action_ids=[1], action_logprobs=[0.0], policy_version=0)])
+             for tid, outcome in (("a", 1.0), ("b", 0.0))]
+    for estimator in (IGPOConfig(), A2TGPOConfig()):
+        learner = SimpleNamespace(cfg=LearnerConfig(estimator=estimator))
+        res, mask = LearnerWorker._advantages(learner, trajs, "mask_turn")
+        # One pool {1, 0}: mean 0.5, population std 0.5 -> z = +-1, the final turns' advantages.
+        np.testing.assert_allclose(res.advantages, [1.0, -1.0], atol=1e-5)
+        assert mask.tolist() == [True, True]
+
 
 # -- end to end on Ray ---------------------------------------------------------------------
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -122,12 +123,14 @@ def _codes(values: list[str]) -> np.ndarray:
     return np.asarray([table.setdefault(v, len(table)) for v in values], dtype=np.int64)
 
 
-def turn_batch_from_trajectories(trajs: list[Trajectory]) -> TurnBatch:
+def turn_batch_from_trajectories(trajs: list[Trajectory], sources: Iterable[str] = ()) -> TurnBatch:
     """Flatten trajectories into a TurnBatch, turns in chronological order.
 
     ``rollout_id`` is the trajectory's position in ``trajs``; ``group_id`` codes follow
-    ``traj.group_id``. Every reward source seen on any turn becomes a column (NaN where a
-    turn lacks it or its value is None). ``anchor`` is None when no turn has a non-empty
+    ``traj.group_id``. Every reward source seen on any turn, and each of ``sources``, becomes
+    a column (NaN where a turn lacks it or its value is None): a batch can legitimately carry
+    none of a source's values, e.g. IG, which only non-final turns get, in a batch of
+    rollouts that all answered in their first turn. ``anchor`` is None when no turn has a non-empty
     ``anchor_observation`` (an environment that gives none must not make every step look
     identical to GiGPO/HGPO). All rows start unmasked.
     """
@@ -144,7 +147,7 @@ def turn_batch_from_trajectories(trajs: list[Trajectory]) -> TurnBatch:
             anchors.append(turn.anchor_observation)
             invalid.append(turn.invalid_action)
             reward_rows.append(turn.rewards)
-    sources = sorted({k for row in reward_rows for k in row})
+    sources = sorted({k for row in reward_rows for k in row} | set(sources))
     rewards = {
         s: np.asarray([np.nan if row.get(s) is None else float(row[s]) for row in reward_rows],
                       dtype=np.float64)
