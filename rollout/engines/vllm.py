@@ -99,7 +99,8 @@ class VLLMEngine(Engine):
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
         self._update_lock = self._call(self._make_lock())
-        self._llm = self._call(self._start())
+        self._llm: Any = None
+        self._call(self._start())
 
     # -- the engine's own loop ---------------------------------------------------------------
     def _call(self, coro: Awaitable[T]) -> T:
@@ -114,7 +115,11 @@ class VLLMEngine(Engine):
     async def _make_lock() -> asyncio.Lock:
         return asyncio.Lock()
 
-    async def _start(self) -> Any:
+    async def _start(self) -> None:
+        """Start vLLM's engine as ``self._llm``. Never in a local: vLLM's first import, made in
+        this frame, keeps the import's frames alive (this one too, through their callers), and
+        a local here would keep the engine past ``close()``, to be shut down again at
+        interpreter exit, which fails."""
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -128,9 +133,8 @@ class VLLMEngine(Engine):
             distributed_executor_backend="mp" if cfg.tensor_parallel_size > 1 else None,
             enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", skip_tokenizer_init=True,
             worker_extension_cls="rollout.engines.vllm_worker.TurnRLWorkerExtension", disable_log_stats=True)
-        llm = AsyncLLM.from_engine_args(args)
-        await llm.update_weight_version("0")
-        return llm
+        self._llm = AsyncLLM.from_engine_args(args)
+        await self._llm.update_weight_version("0")
 
     @property
     def version(self) -> int:
