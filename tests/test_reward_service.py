@@ -240,6 +240,7 @@ def test_learner_drops_turns_the_estimator_drops() -> None:
     assert mask.astype(int).tolist() == [1, 1, 0, 0, 1, 1]  # b's answer turn leaves the loss too
     assert res.advantages[2:4].tolist() == [0.0, 0.0]
 
+
 def test_learner_trains_a_batch_whose_rollouts_all_answered_in_their_first_turn() -> None:
     """IG goes on turns 1..T-1 only, so a batch of one-turn rollouts carries no IG at all; the
     learner must train it on its outcomes, not stop the run for a missing ``ig`` column (seen

@@ -8,8 +8,8 @@ int64 so that estimators can group with numpy instead of Python dictionaries of 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
