@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from rollout.config import HFEngineConfig
 from rollout.engines.base import (Chunk, Completion, Engine, SamplingParams, add_span, check_first,
                                   new_request_id)
+from rollout.engines.kv_cache import growing_cache
 from rollout.engines.prefix_cache import LayerKV, PrefixCache
 from rollout.engines.sampling import RowSampler
 from rollout.engines.transport import WeightHandle
@@ -475,18 +476,16 @@ class HFEngine(Engine):
             att[i, width + new - s:] = 1
             pos[i, new - s:] = torch.arange(r, len(p))
         ids, att, pos = ids.to(dev), att.to(dev), pos.to(dev)
-        past = self._past(reuse, width) if width else None
+        past = self._past(reuse, width) if width else growing_cache(self.model.config)
         out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=past,
                          use_cache=True, logits_to_keep=keep)
         return out, att.bool(), pos
 
     def _past(self, reuse: list[tuple[int, list[LayerKV]]], width: int) -> Any:
-        """A batch cache (``DynamicCache``) of the reused prefixes, each left-padded to
-        ``width`` columns."""
-        from transformers import DynamicCache
-
+        """A batch cache (``kv_cache.growing_cache``) of the reused prefixes, each left-padded
+        to ``width`` columns."""
         like = next(kv for r, kv in reuse if r)
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)
         for layer, (k0, _) in enumerate(like):
             blank = k0.new_zeros((k0.shape[0], width, k0.shape[2]))
             keys = [F.pad(kv[layer][0], (0, 0, width - r, 0)) if r else blank for r, kv in reuse]
