@@ -42,6 +42,7 @@ def _splits_build(cfg) -> None:
                                             ("serving", "p99 ratio (publishes / none)"),
                                             ("engines", "ratio vLLM engine/generate"),
                                             ("prefix_cache", "cache on / off speed"),
+                                            ("kv_cache", "speed-up"),
                                             ("learner", "ratio learner/plain"),
                                             ("sft", "shared prefix + cuts")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
