@@ -245,6 +245,9 @@ def test_weights_that_do_not_fit_are_refused_before_any_request_sees_them(client
 
 
 def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
+    """n completions of one prompt decode as one batch of n rows; the HF engine computes the
+    prompt once for all of them (the logits of each row are checked against a plain forward
+    pass in test_logprobs_match_a_plain_forward_pass, which samples with n=3)."""
     params = SamplingParams(temperature=1.0, max_new_tokens=8, n=3)
     before = client.engine.stats()
     outs = _run(client.generate_n(PROMPT, params, request_id="x"))
@@ -259,6 +262,7 @@ def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
         # the first token comes from the prefill, each of the other 7 from one decode step of 3 rows
         assert after["forwards"] - before["forwards"] == 7
         assert after["forward_rows"] - before["forward_rows"] == 21
+        assert after["prefill_tokens"] - before["prefill_tokens"] == len(PROMPT)
 
 
 @pytest.mark.parametrize("join_wait_ms,joins", [(0.0, 1), (60_000.0, 0)])

@@ -1,15 +1,16 @@
 """The HF engine's growing KV cache (rollout/engines/kv_cache.py) on a real tiny Llama: it
 decodes to exactly the logits of transformers' own cache, hands out views that later steps
-never change, takes tensors the engine assigns (joins, trims) and moves its buffer only a few
-times over a long decode."""
+never change, takes tensors assigned from outside, moves its buffer only a few times over a
+long decode, and the engine's row surgery (rows joining, leaving, copied) copies it once."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from rollout.engines.kv_cache import GrowingLayer, growing_cache
+from rollout.engines.kv_cache import GrowingLayer, append_rows, growing_cache, select_rows
 
 ROWS, PROMPT, STEPS = 3, 20, 150
 
@@ -73,3 +74,43 @@ def test_a_tensor_assigned_from_outside_is_the_cache_and_grows_on() -> None:
     assert keys.shape == (2, 1, 2, 4) and values.shape == (2, 1, 2, 4)
     assert keys[:, 0, 0, 0].tolist() == [20.0, 4.0] and keys[:, 0, 1, 0].tolist() == [99.0, 99.0]
     assert values[:, 0, :, 0].tolist() == [[0.0, 1.0], [0.0, 1.0]]
+
+
+def _prefilled(model, rows: int, width: int, seed: int):
+    ids = torch.randint(0, 300, (rows, width), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        return model(input_ids=ids, past_key_values=growing_cache(model.config), use_cache=True).past_key_values
+
+
+def _buffers(cache) -> set[int]:
+    return {layer._key_buf.untyped_storage().data_ptr() for layer in cache.layers}
+
+
+def test_appended_rows_are_the_padded_stack_in_one_roomy_buffer(model) -> None:
+    """``append_rows`` gives what padding the narrower cache on the left with zeros and
+    stacking gives, and the next step writes into that buffer (no second copy)."""
+    top, bottom = _prefilled(model, 2, 7, 0), _prefilled(model, 3, 12, 1)
+    want = [(torch.cat([F.pad(a.keys, (0, 0, 5, 0)), b.keys]), torch.cat([F.pad(a.values, (0, 0, 5, 0)), b.values]))
+            for a, b in zip(top.layers, bottom.layers)]
+    append_rows(top, bottom)
+    for layer, (keys, values) in zip(top.layers, want):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    held = _buffers(top)
+    for layer in top.layers:
+        layer.update(torch.ones(5, 2, 1, 16), torch.ones(5, 2, 1, 16))
+    assert _buffers(top) == held and top.get_seq_length() == 13
+
+
+def test_selected_rows_keep_their_values_and_the_room(model) -> None:
+    """``select_rows`` with a repeated row and dropped left columns: the same values as
+    indexing, and the next step writes into the selected buffer."""
+    cache = _prefilled(model, 3, 10, 2)
+    want = [(layer.keys[[2, 0, 0], :, 4:], layer.values[[2, 0, 0], :, 4:]) for layer in cache.layers]
+    select_rows(cache, torch.tensor([2, 0, 0]), drop_left=4)
+    for layer, (keys, values) in zip(cache.layers, want):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    held = _buffers(cache)
+    for layer in cache.layers:
+        keys, _ = layer.update(torch.full((3, 2, 1, 16), 7.0), torch.zeros(3, 2, 1, 16))
+        assert keys.shape == (3, 2, 7, 16) and bool((keys[:, :, -1] == 7.0).all())
+    assert _buffers(cache) == held

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from rollout.config import HFEngineConfig
 from rollout.engines.base import (Chunk, Completion, Engine, SamplingParams, add_span, check_first,
                                   new_request_id)
-from rollout.engines.kv_cache import growing_cache
+from rollout.engines.kv_cache import append_rows, growing_cache, select_rows
 from rollout.engines.prefix_cache import LayerKV, PrefixCache
 from rollout.engines.sampling import RowSampler
 from rollout.engines.transport import WeightHandle
@@ -89,34 +89,19 @@ class _Rows:
         padding that only rows now gone needed)."""
         index = torch.tensor(idx, device=self.mask.device)
         self.reqs = [self.reqs[i] for i in idx]
-        self.cache.batch_select_indices(index)
         self.mask, self.next_pos, self.logits = self.mask[index], self.next_pos[index], self.logits[index]
         first = int(self.mask.any(0).int().argmax())  # first column a row still attends to
-        if first:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-            self.mask = self.mask[:, first:]
+        select_rows(self.cache, index, drop_left=first)
+        self.mask = self.mask[:, first:]
 
     def join(self, other: "_Rows") -> None:
-        """Append ``other``'s rows; the shorter cache is left-padded with masked columns."""
+        """Append ``other``'s rows; the narrower cache is left-padded with masked columns."""
         width = max(self.mask.shape[1], other.mask.shape[1])
-        self._left_pad(width)
-        other._left_pad(width)
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([mine.keys, theirs.keys])
-            mine.values = torch.cat([mine.values, theirs.values])
+        append_rows(self.cache, other.cache)
         self.reqs = self.reqs + other.reqs
-        self.mask = torch.cat([self.mask, other.mask])
+        self.mask = torch.cat([F.pad(m, (width - m.shape[1], 0), value=False) for m in (self.mask, other.mask)])
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
         self.logits = torch.cat([self.logits, other.logits])
-
-    def _left_pad(self, width: int) -> None:
-        pad = width - self.mask.shape[1]
-        if pad:
-            for layer in self.cache.layers:  # [batch, heads, kv, head_dim]: pad the kv dim
-                layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, pad, 0))
-                layer.values = torch.nn.functional.pad(layer.values, (0, 0, pad, 0))
-            self.mask = torch.nn.functional.pad(self.mask, (pad, 0), value=False)
 
     def grow(self) -> torch.Tensor:
         """The mask of one more token per row (SDPA gets it 4D, ``[n, 1, 1, kv]``: one query
@@ -163,7 +148,7 @@ class HFEngine(Engine):
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-decode")
         self._stats = {"tokens": 0.0, "batches": 0.0, "rows": 0.0, "decode_s": 0.0, "weight_loads": 0.0,
                        "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0, "joins": 0.0,
-                       "forwards": 0.0, "forward_rows": 0.0}
+                       "forwards": 0.0, "forward_rows": 0.0, "prefill_tokens": 0.0}
 
     @property
     def version(self) -> int:
@@ -446,12 +431,25 @@ class HFEngine(Engine):
     def _prefill(self, reqs: list[_Request]) -> _Rows:
         """Prefill of ``reqs``, each past the longest kept prefix of its prompt (all but its
         last token at most: that one's logits start the decoding): their cache and their
-        first tokens' logits."""
+        first tokens' logits.
+
+        Identical prompts are computed once and their row copied: a GRPO group's G episodes
+        open with the same prompt and arrive together, and that first-turn prefill was most
+        of the engine's prefill work (vLLM shares it the same way, through its prefix cache)."""
         for r in reqs:
             r.kv_version = self._version
-        reuse = [self._prefix.lookup(r.prompt_ids, self._version, len(r.prompt_ids) - 1) for r in reqs]
-        out, mask, pos = self._extend([r.prompt_ids for r in reqs], reuse, keep=1)
-        return _Rows(list(reqs), out.past_key_values, mask, pos[:, -1:] + 1, out.logits[:, -1])
+        slots: dict[tuple[int, ...], int] = {}
+        row_of = [slots.setdefault(tuple(r.prompt_ids), len(slots)) for r in reqs]
+        prompts = [list(p) for p in slots]
+        reuse = [self._prefix.lookup(p, self._version, len(p) - 1) for p in prompts]
+        out, mask, pos = self._extend(prompts, reuse, keep=1)
+        self._stats["prefill_tokens"] += sum(len(p) - r for p, (r, _) in zip(prompts, reuse))
+        cache, logits, next_pos = out.past_key_values, out.logits[:, -1], pos[:, -1:] + 1
+        if len(prompts) < len(reqs):
+            index = torch.tensor(row_of, device=mask.device)
+            select_rows(cache, index)
+            mask, next_pos, logits = mask[index], next_pos[index], logits[index]
+        return _Rows(list(reqs), cache, mask, next_pos, logits)
 
     def _extend(self, prompts: list[list[int]], reuse: list[tuple[int, list[LayerKV]]],
                 keep: int) -> tuple[Any, torch.Tensor, torch.Tensor]:

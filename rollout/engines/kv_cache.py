@@ -12,8 +12,11 @@ on a dynamic layer. A buffer grows by half its size (at least ``_MIN_ROOM`` colu
 so the copies left are amortised: a few per row instead of one per token.
 
 Writes only ever go past the filled part, so a view handed out earlier never changes. A
-tensor assigned to ``keys``/``values`` from outside (the engine's joins, padding and trims)
-becomes the buffer as it is, full; the next step moves it to a roomier one.
+tensor assigned to ``keys``/``values`` from outside becomes the buffer as it is, full; the next
+step moves it to a roomier one. The engine's row surgery goes through ``select_rows`` and
+``append_rows`` instead, which copy each buffer once and keep room in it: done with
+transformers' calls and ``torch.cat``, a row leaving cost two copies of the whole cache (the
+selection, then a roomier buffer at the next step) and a row joining four.
 """
 
 from __future__ import annotations
@@ -82,6 +85,58 @@ class GrowingLayer(DynamicLayer):
         self._key_buf, self._key_len = _append(self._key_buf, self._key_len, key_states)
         self._value_buf, self._value_len = _append(self._value_buf, self._value_len, value_states)
         return self.keys, self.values  # type: ignore[return-value]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Rows ``indices`` (repeats allowed), the spare room kept: one copy."""
+        if self._key_buf is not None and self._key_buf.dim() == 4:
+            self._key_buf, self._value_buf = self._key_buf[indices], self._value_buf[indices]
+
+    def fill(self, keys: torch.Tensor, values: torch.Tensor, used: int) -> None:
+        """Take ``keys`` and ``values`` as the buffers, their first ``used`` columns filled."""
+        self._key_buf, self._value_buf, self._key_len, self._value_len = keys, values, used, used
+
+    def drop_left(self, columns: int) -> None:
+        """Forget the first ``columns`` columns (padding no row needs any more): a view, no
+        copy, the room on the right kept."""
+        self._key_buf, self._value_buf = self._key_buf[:, :, columns:], self._value_buf[:, :, columns:]
+        self._key_len -= columns
+        self._value_len -= columns
+
+
+def select_rows(cache: DynamicCache, indices: torch.Tensor, drop_left: int = 0) -> None:
+    """Keep rows ``indices`` of every layer (repeats allowed) and drop its first ``drop_left``
+    columns."""
+    for layer in cache.layers:
+        layer.batch_select_indices(indices)
+        if not drop_left:
+            continue
+        if isinstance(layer, GrowingLayer):
+            layer.drop_left(drop_left)
+        else:
+            layer.keys, layer.values = layer.keys[:, :, drop_left:], layer.values[:, :, drop_left:]
+
+
+def append_rows(cache: DynamicCache, other: DynamicCache) -> None:
+    """``other``'s rows below ``cache``'s, the narrower of the two left-padded with zero
+    columns (masked by the caller) to the wider's width: one copy, into a roomy buffer."""
+    for mine, theirs in zip(cache.layers, other.layers):
+        width = max(mine.keys.shape[-2], theirs.keys.shape[-2])
+        room = max(_MIN_ROOM, width // 2) if isinstance(mine, GrowingLayer) else 0
+        keys = _stacked(mine.keys, theirs.keys, width, room)
+        values = _stacked(mine.values, theirs.values, width, room)
+        if isinstance(mine, GrowingLayer):
+            mine.fill(keys, values, width)
+        else:
+            mine.keys, mine.values = keys, values
+
+
+def _stacked(top: torch.Tensor, bottom: torch.Tensor, width: int, room: int) -> torch.Tensor:
+    out = top.new_empty((top.shape[0] + bottom.shape[0], top.shape[1], width + room, top.shape[-1]))
+    for first, part in ((0, top), (top.shape[0], bottom)):
+        rows, pad = slice(first, first + part.shape[0]), width - part.shape[-2]
+        out[rows, :, :pad] = 0  # masked, but never garbage: a masked NaN still poisons attention
+        out[rows, :, pad:width] = part
+    return out
 
 
 def growing_cache(config: Any) -> DynamicCache:
