@@ -110,9 +110,10 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int)
            # the engine's decode steps a training step and their rows (HF engine only)
            "decode_steps": statistics.mean(r.get("engine/decode_steps", 0.0) for r in timed),
            "rows": statistics.mean(r.get("engine/rows_per_decode_step", 0.0) for r in timed)}
+    out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
+    out["step"] = statistics.mean(r["time/step_s"] for r in timed)
     if mode == "sync":
         out["g"] = statistics.mean(r["time/generate_s"] for r in timed)
-        out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
     return out
 
 
@@ -158,6 +159,10 @@ def main() -> int:
     ratio = asyn["samples_per_s"] / sync["samples_per_s"]
     print(f"async/sync ratio: {ratio:.2f}   ideal (g+t)/max(g,t): {ideal:.2f}   "
           f"share of ideal: {ratio / ideal:.2f} (goal >= 0.9)")
+    # Where async's share went: waiting for data is overlap lost; a slower update is either the
+    # learner's core doing other work or wider batches (row width above), which is workload
+    print(f"learner: sync updates {sync['t']:.2f} s/step; async updates {asyn['t']:.2f} s/step and waits "
+          f"{asyn['step'] - asyn['t']:.2f} s/step for data (busy {asyn['t'] / asyn['step']:.0%} of its steps)")
     return 0
 
 

@@ -43,6 +43,7 @@ def _splits_build(cfg) -> None:
                                             ("engines", "ratio vLLM engine/generate"),
                                             ("prefix_cache", "cache on / off speed"),
                                             ("kv_cache", "speed-up"),
+                                            ("group_prefill", "grouped / distinct"),
                                             ("learner", "ratio learner/plain"),
                                             ("sft", "shared prefix + cuts")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
