@@ -31,12 +31,17 @@ _MIN_ROOM = 64
 fresh batch decodes without moving its cache again."""
 
 
+def _capacity(columns: int) -> int:
+    """Columns of a new buffer that must hold ``columns``: half again, at least ``_MIN_ROOM`` more."""
+    return columns + max(_MIN_ROOM, columns // 2)
+
+
 def _append(buf: torch.Tensor | None, used: int, new: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``new``'s columns written after the first ``used`` of ``buf``: the buffer (the same one
     when it had room) and how many columns it now fills."""
     need = used + new.shape[-2]
     if buf is None or buf.dim() != 4 or need > buf.shape[-2] or buf.shape[:2] != new.shape[:2]:
-        grown = new.new_empty((*new.shape[:2], need + max(_MIN_ROOM, need // 2), new.shape[-1]))
+        grown = new.new_empty((*new.shape[:2], _capacity(need), new.shape[-1]))
         if used:
             grown[:, :, :used] = buf[:, :, :used]
         buf = grown
@@ -121,17 +126,17 @@ def append_rows(cache: DynamicCache, other: DynamicCache) -> None:
     columns (masked by the caller) to the wider's width: one copy, into a roomy buffer."""
     for mine, theirs in zip(cache.layers, other.layers):
         width = max(mine.keys.shape[-2], theirs.keys.shape[-2])
-        room = max(_MIN_ROOM, width // 2) if isinstance(mine, GrowingLayer) else 0
-        keys = _stacked(mine.keys, theirs.keys, width, room)
-        values = _stacked(mine.values, theirs.values, width, room)
+        columns = _capacity(width) if isinstance(mine, GrowingLayer) else width
+        keys = _stacked(mine.keys, theirs.keys, width, columns)
+        values = _stacked(mine.values, theirs.values, width, columns)
         if isinstance(mine, GrowingLayer):
             mine.fill(keys, values, width)
         else:
             mine.keys, mine.values = keys, values
 
 
-def _stacked(top: torch.Tensor, bottom: torch.Tensor, width: int, room: int) -> torch.Tensor:
-    out = top.new_empty((top.shape[0] + bottom.shape[0], top.shape[1], width + room, top.shape[-1]))
+def _stacked(top: torch.Tensor, bottom: torch.Tensor, width: int, columns: int) -> torch.Tensor:
+    out = top.new_empty((top.shape[0] + bottom.shape[0], top.shape[1], columns, top.shape[-1]))
     for first, part in ((0, top), (top.shape[0], bottom)):
         rows, pad = slice(first, first + part.shape[0]), width - part.shape[-2]
         out[rows, :, :pad] = 0  # masked, but never garbage: a masked NaN still poisons attention
