@@ -118,10 +118,10 @@ def padding_cuts(lengths: list[int], parts: int) -> list[tuple[int, int]]:
     return spans[::-1]
 
 
-def _row_values(owner: list[int], values: np.ndarray, offset: int, fill: float) -> list[float]:
+def _row_values(owner: np.ndarray, values: np.ndarray, offset: int, fill: float) -> torch.Tensor:
     """Per token: the value of the trained turn that owns it (``values[offset + turn]``), else
     ``fill``."""
-    return [float(values[offset + t]) if t >= 0 else fill for t in owner]
+    return torch.from_numpy(np.where(owner >= 0, values[offset + np.maximum(owner, 0)], fill))
 
 
 def build_token_batch(
@@ -135,11 +135,11 @@ def build_token_batch(
     """``turn_*`` arrays have one entry per turn, trajectories concatenated in order. Each
     trajectory gives one row per ``Trajectory.segments()`` entry: one row unless its turns
     were sampled from a history window."""
-    rows: list[tuple[list[int], list[int], Trajectory, int]] = []
+    rows: list[tuple[np.ndarray, np.ndarray, Trajectory, int]] = []
     offset, row_traj = 0, []
     for k, traj in enumerate(trajs):
         segs = traj.segments()
-        rows += [(*traj.row(seg), traj, offset) for seg in segs]
+        rows += [(ids.array, owner.array, traj, offset) for ids, owner in map(traj.row, segs)]
         row_traj += [k] * len(segs)
         offset += len(traj.turns)
     n, width = len(rows), max(len(ids) for ids, *_ in rows)
@@ -150,17 +150,18 @@ def build_token_batch(
     tids, mask_values = np.arange(offset, dtype=float), turn_mask.astype(float)
     for i, (ids, owner, traj, off) in enumerate(rows):
         length = len(ids)
-        ids_t[i, :length] = torch.tensor(ids)
+        ids_t[i, :length] = torch.tensor(ids)  # a copy: the row is read-only
         att[i, :length] = 1
-        per_tok["mask"][i, :length] = torch.tensor(_row_values(owner, mask_values, off, 0.0))
-        per_tok["adv"][i, :length] = torch.tensor(_row_values(owner, turn_adv, off, 0.0))
-        per_tok["tid"][i, :length] = torch.tensor(_row_values(owner, tids, off, -1.0))
-        trained = sorted({t for t in owner if t >= 0})
-        beh = [lp for t in trained for lp in traj.turns[t].action_logprobs]
-        per_tok["beh"][i, :length][torch.tensor(owner) >= 0] = torch.tensor(beh, dtype=torch.float32)
+        per_tok["mask"][i, :length] = _row_values(owner, mask_values, off, 0.0)
+        per_tok["adv"][i, :length] = _row_values(owner, turn_adv, off, 0.0)
+        per_tok["tid"][i, :length] = _row_values(owner, tids, off, -1.0)
+        trained = np.unique(owner[owner >= 0])  # a row's trained actions, in token order
+        if len(trained):
+            beh = np.concatenate([traj.turns[t].action_logprobs.array for t in trained])
+            per_tok["beh"][i, :length][torch.from_numpy(owner >= 0)] = torch.from_numpy(beh).float()
         if has_clip:
-            per_tok["lo"][i, :length] = torch.tensor(_row_values(owner, clip_low, off, 0.0))
-            per_tok["hi"][i, :length] = torch.tensor(_row_values(owner, clip_high, off, 0.0))
+            per_tok["lo"][i, :length] = _row_values(owner, clip_low, off, 0.0)
+            per_tok["hi"][i, :length] = _row_values(owner, clip_high, off, 0.0)
     mask = per_tok["mask"][:, 1:]
     tid = torch.where(mask > 0, per_tok["tid"][:, 1:], torch.full_like(mask, -1.0)).long()
     return TokenBatch(

@@ -1,37 +1,30 @@
-"""Binary encoding of replay groups: msgpack structure, every number in two packed columns.
+"""Binary encoding of replay groups: a msgpack head, and every number in two packed columns.
 
 A group held in replay is mostly numbers (~78k token ids and log-probs for 16 rollouts x 8
-turns); as JSON they cost a decimal rendering each way and pydantic re-parsing every digit,
-which was most of the Redis store's time. A record here (format 2) is::
+turns), held as numpy arrays (``rollout/token_array.py``). A record (format 2) is::
 
     b"TRG" | format version (1 byte) | head length (uint32 LE) | head | int column | float column
 
     head = msgpack [int type, int count, float type, float count, tree]
 
 The tree is the group's fields as msgpack maps keyed by field name (so a field added to the
-schema is carried without touching this module), except that each ``list[int]`` and
-``list[float]`` field holds only its length: its values follow, in the order the tree is
-walked, in the int column (int32 when every id of the group fits, else int64) or the float
-column (float64), little-endian. Which fields those are comes from the models' annotations.
-A field whose values fit neither column (an id past int64, something not a number) is written
-as a plain msgpack list instead, in the tree; slower, never wrong.
+schema is carried without touching this module), except that each ``IntArray`` and
+``FloatArray`` field holds only its length: its values follow, in the order the tree is walked,
+in the int column (int32 when every id of the group fits, else int64) or the float column
+(float64), little-endian. Which fields those are comes from the models' annotations.
 
-Why two columns rather than one packed array per field (format 1): a group has ~400 numeric
-fields, and per-field packing and unpacking cost ~1 us each in Python calls, plus msgpack
-copying each array into and out of its buffer; one column is one ``struct`` call to write and
-its values are sliced out of one buffer to read (bench/replay.py: encode ~1.2 -> ~0.85 ms a
-group, decode ~10 % less).
-
-Log-probs stay float64 on purpose: they are Python floats (IEEE doubles) in the Trajectory,
-and a replay store must hand back exactly the group it was given (the in-process store does,
-and the contract tests compare groups with ``==``). Rounding to float32 would lose nothing
-the learner's float32 importance ratios can see, but it would make the two backends disagree
-and change values that a resumed run or a JSONL dump compares against.
+Encoding joins the fields' arrays into the two columns (one copy each); decoding hands each
+field a read-only view of its slice of the record (no copy, no Python number made): a group
+costs its ~1,200 maps and models, not its ~78k numbers. Log-probs stay float64: they are the
+engine's values exactly, and a replay store hands back exactly the group it was given (the
+contract tests compare groups with ``==``).
 
 Readers accept every older record too: format 1 (msgpack with one packed array per numeric
-field), a payload starting with ``{`` (the JSON written before, ``Group.model_dump_json()``),
-and a zlib stream of any of them (first byte 0x78, which neither ``{`` nor the magic is). The
-format version byte tells the binary layouts apart; a reader refuses one newer than it knows.
+field), format 2 written from list fields (the same layout; a field whose values fit no column
+held a plain list in the tree), a payload starting with ``{`` (the JSON written before,
+``Group.model_dump_json()``), and a zlib stream of any of them (first byte 0x78, which neither
+``{`` nor the magic is). The format version byte tells the binary layouts apart; a reader
+refuses one newer than it knows.
 """
 
 from __future__ import annotations
@@ -41,20 +34,20 @@ import dataclasses
 import functools
 import gc
 import struct
-import sys
 import threading
 import types
 import typing
 import zlib
-from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
+from rollout.token_array import FloatArray, IntArray, NumArray
 from rollout.trajectory import Group
 
 MAGIC = b"TRG"
@@ -63,12 +56,11 @@ HEADER = MAGIC + bytes([FORMAT_VERSION])
 _V1 = 1  # one packed array per numeric field; still read
 _HEAD_LEN = struct.Struct("<I")
 
-# The type code of a packed array or column, and the struct/array format of its values.
+# The type code of a packed array or column, and the dtype of its values (little-endian on
+# every machine).
 _INT32, _INT64, _FLOAT64 = 1, 2, 3
-_FORMATS = {_INT32: "i", _INT64: "q", _FLOAT64: "d"}
-assert [array(f).itemsize for f in _FORMATS.values()] == [4, 8, 8], "unexpected C type sizes"
-_LITTLE_ENDIAN = sys.byteorder == "little"  # records are little-endian on every machine
-_INT_CODES, _FLOAT_CODES = (_INT32, _INT64), (_FLOAT64,)
+_DTYPES = {_INT32: np.dtype("<i4"), _INT64: np.dtype("<i8"), _FLOAT64: np.dtype("<f8")}
+_INT32_RANGE = np.iinfo(np.int32)
 
 Kind = typing.Literal["ints", "floats", "models", "typed", "plain"]
 
@@ -82,6 +74,8 @@ class _Field:
     kind: Kind
     model: type[BaseModel] | None = None
     """``models``: the item class, walked field by field."""
+    array: type[NumArray] | None = None
+    """``ints`` and ``floats``: the field's array class."""
     adapter: TypeAdapter[Any] | None = None
     """``typed``: restores what msgpack flattens (tuples, nested models) on the way back."""
 
@@ -92,8 +86,8 @@ class _Plan:
 
     fields: tuple[_Field, ...]
     packed: tuple[_Field, ...]
-    """The fields encoding rewrites (numeric lists, lists of such models); the rest go to
-    msgpack as they are."""
+    """The fields encoding rewrites (numeric arrays, lists of models holding them); the rest
+    go to msgpack as they are."""
     restored: tuple[_Field, ...]
     """The fields decoding rewrites: ``packed`` plus the ``typed`` ones."""
     names: frozenset[str]
@@ -105,8 +99,8 @@ class _Plan:
 
 @functools.cache
 def _plan(cls: type[BaseModel]) -> _Plan:
-    """How each field of ``cls`` is written, from its annotation: numeric lists packed, lists
-    of models that hold numeric lists walked, the rest left to msgpack."""
+    """How each field of ``cls`` is written, from its annotation: numeric arrays packed, lists
+    of models that hold numeric arrays walked, the rest left to msgpack."""
     fields = tuple(_field(name, info.annotation) for name, info in cls.model_fields.items())
     packed = tuple(f for f in fields if f.kind != "plain" and f.kind != "typed")
     restored = tuple(f for f in fields if f.kind != "plain")
@@ -115,12 +109,10 @@ def _plan(cls: type[BaseModel]) -> _Plan:
 
 
 def _field(name: str, annotation: Any) -> _Field:
+    if isinstance(annotation, type) and issubclass(annotation, NumArray):
+        return _Field(name, "ints" if issubclass(annotation, IntArray) else "floats", array=annotation)
     if typing.get_origin(annotation) is list:
         (item,) = typing.get_args(annotation)
-        if item is int:
-            return _Field(name, "ints")
-        if item is float:
-            return _Field(name, "floats")
         if isinstance(item, type) and issubclass(item, BaseModel) and _packs(item):
             return _Field(name, "models", model=item)
     if _msgpack_native(annotation):
@@ -129,11 +121,12 @@ def _field(name: str, annotation: Any) -> _Field:
 
 
 def _packs(cls: type[BaseModel]) -> bool:
-    """Whether ``cls`` (or a model nested in it) has a numeric list worth packing."""
+    """Whether ``cls`` (or a model nested in it) has a numeric array to pack."""
     return bool(_plan(cls).packed)
 
 
 _NATIVE_LEAVES = (str, int, float, bool, type(None), bytes, Any)
+assert not issubclass(FloatArray, IntArray)
 _NATIVE_CONTAINERS = (list, dict, typing.Union, types.UnionType)
 
 
@@ -150,38 +143,28 @@ def _msgpack_native(annotation: Any) -> bool:
 
 
 # -- encoding ------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4096)
-def _struct(code: int, n: int) -> struct.Struct:
-    """The layout of ``n`` values of type ``code``, little-endian. Packing through a compiled
-    Struct is ~2x faster than array() (no per-item argument parsing)."""
-    return struct.Struct(f"<{n}{_FORMATS[code]}")
-
-
-def _packed(code: int, values: list[Any]) -> bytes | None:
-    """``values`` as a column of type ``code``, or None when one does not fit it."""
-    try:
-        return _struct(code, len(values)).pack(*values)
-    except (struct.error, OverflowError):  # an id past int32 (or int64), or not a number
-        return None
-
-
 @dataclass
 class _Columns:
-    """The numbers of one record, gathered while its tree is written."""
+    """The numeric arrays of one record, gathered in tree order while its tree is written."""
 
-    checked: bool
-    """Test each field before taking it (the slow path, after a whole column did not fit):
-    a field that fits no column type stays in the tree as a plain list."""
-    ints: list[Any] = dataclasses.field(default_factory=list)
-    floats: list[Any] = dataclasses.field(default_factory=list)
+    ints: list[np.ndarray] = dataclasses.field(default_factory=list)
+    floats: list[np.ndarray] = dataclasses.field(default_factory=list)
 
-    def take(self, kind: Kind, values: list[Any]) -> int | list[Any]:
+    def take(self, f: _Field, values: Any) -> int:
         """What the tree holds for a numeric field: its length, its values joining a column."""
-        codes = _INT_CODES if kind == "ints" else _FLOAT_CODES
-        if self.checked and _packed(codes[-1], values) is None:
-            return list(values)
-        (self.ints if kind == "ints" else self.floats).extend(values)
+        if not isinstance(values, NumArray):  # a model built without validation
+            values = f.array.of(values)
+        (self.ints if f.kind == "ints" else self.floats).append(values.array)
         return len(values)
+
+    def packed(self) -> tuple[int, np.ndarray, int, np.ndarray]:
+        """(int type, int column, float type, float column), each column one array."""
+        ints = np.concatenate(self.ints) if self.ints else np.empty(0, np.int64)
+        fits = not len(ints) or (ints.min() >= _INT32_RANGE.min and ints.max() <= _INT32_RANGE.max)
+        code = _INT32 if fits else _INT64
+        floats = np.concatenate(self.floats) if self.floats else np.empty(0)
+        return (code, ints.astype(_DTYPES[code], copy=False),
+                _FLOAT64, floats.astype(_DTYPES[_FLOAT64], copy=False))
 
 
 def _tree(model: BaseModel, columns: _Columns) -> dict[str, Any]:
@@ -195,7 +178,7 @@ def _tree(model: BaseModel, columns: _Columns) -> dict[str, Any]:
         if f.kind == "models":
             out[f.name] = [_tree(item, columns) for item in value]
         else:
-            out[f.name] = columns.take(f.kind, value)
+            out[f.name] = columns.take(f, value)
     return out
 
 
@@ -205,28 +188,17 @@ def _jsonable(value: Any) -> Any:
     return to_jsonable_python(value)
 
 
-def _column(codes: tuple[int, ...], values: list[Any]) -> tuple[int, bytes] | None:
-    """The first column type in ``codes`` that holds every value, and the packed column."""
-    for code in codes:
-        if (packed := _packed(code, values)) is not None:
-            return code, packed
-    return None
-
-
-def _record(group: Group, checked: bool) -> bytes | None:
-    """The format-2 record, or None when a column does not fit (then retry ``checked``)."""
-    columns = _Columns(checked)
+def _record(group: Group) -> bytes:
+    """The format-2 record of ``group``."""
+    columns = _Columns()
     return _assemble(_tree(group, columns), columns)
 
 
-def _assemble(tree: dict[str, Any], columns: _Columns) -> bytes | None:
-    """Header, head and the two packed columns, joined in one copy."""
-    ints, floats = _column(_INT_CODES, columns.ints), _column(_FLOAT_CODES, columns.floats)
-    if ints is None or floats is None:
-        return None
-    head = msgpack.packb([ints[0], len(columns.ints), floats[0], len(columns.floats), tree],
-                         default=_jsonable)
-    return b"".join((HEADER, _HEAD_LEN.pack(len(head)), head, ints[1], floats[1]))
+def _assemble(tree: dict[str, Any], columns: _Columns) -> bytes:
+    """Header, head and the two columns, joined in one copy."""
+    int_code, ints, float_code, floats = columns.packed()
+    head = msgpack.packb([int_code, len(ints), float_code, len(floats), tree], default=_jsonable)
+    return b"".join((HEADER, _HEAD_LEN.pack(len(head)), head, ints, floats))
 
 
 def encode_group(group: Group) -> bytes:
@@ -235,47 +207,43 @@ def encode_group(group: Group) -> bytes:
     A group msgpack cannot hold (an integer past 64 bits in ``metadata``) is written as the
     JSON record of the previous format instead, which every reader accepts."""
     try:
-        return _record(group, checked=False) or _record(group, checked=True)
-    except (OverflowError, TypeError, ValueError):
+        return _record(group)
+    except (OverflowError, TypeError):
         return group.model_dump_json().encode()
 
 
 # -- decoding ------------------------------------------------------------------------------
-def _format(code: Any) -> str:
-    fmt = _FORMATS.get(code)
-    if fmt is None:
+def _dtype(code: Any) -> np.dtype:
+    if code not in _DTYPES:
         raise ValueError(f"replay record holds an array of type {code!r}, which this build "
                          "does not write: a newer writer or a corrupt record")
-    return fmt
+    return _DTYPES[code]
 
 
-def _values(code: Any, data: memoryview) -> memoryview | array:
-    """A column's values, sliceable and with ``tolist()``: a view of the record where the
-    machine is little-endian (no copy), else a byte-swapped copy."""
-    fmt = _format(code)
-    if len(data) % struct.calcsize("<" + fmt):
-        raise ValueError(f"corrupt replay record: {len(data)} bytes of {fmt!r} values")
-    if _LITTLE_ENDIAN:
-        return data.cast(fmt)
-    values = array(fmt)
-    values.frombytes(data)
-    values.byteswap()
+def _values(code: Any, data: memoryview) -> np.ndarray:
+    """A column's values: a read-only view of the record (a copy where the machine's byte
+    order differs)."""
+    dtype = _dtype(code)
+    if len(data) % dtype.itemsize:
+        raise ValueError(f"corrupt replay record: {len(data)} bytes of {dtype.name} values")
+    values = np.frombuffer(data, dtype)
+    values.flags.writeable = False  # a bytearray the store read into stays the group's alone
     return values
 
 
 class _ColumnReader:
     """Hands out a format-2 record's column values to its numeric fields, in tree order."""
 
-    def __init__(self, ints: memoryview | array, floats: memoryview | array) -> None:
+    def __init__(self, ints: np.ndarray, floats: np.ndarray) -> None:
         self._columns = {"ints": ints, "floats": floats}
         self._next = {"ints": 0, "floats": 0}
 
-    def take(self, kind: Kind, held: int | list[Any]) -> list[Any]:
+    def take(self, f: _Field, held: int | list[Any]) -> NumArray:
         if type(held) is not int:
-            return held  # a field written as a plain list
-        start = self._next[kind]
-        self._next[kind] = start + held
-        return self._columns[kind][start:start + held].tolist()
+            return f.array.of(held)  # a field written as a plain list
+        start = self._next[f.kind]
+        self._next[f.kind] = start + held
+        return f.array(self._columns[f.kind][start:start + held])
 
     def check_used_up(self) -> None:
         """Every value handed out, none missing: anything else is a corrupt record."""
@@ -289,11 +257,11 @@ class _InlineReader:
     """Format 1: each numeric field is its own packed array (or a plain list)."""
 
     @staticmethod
-    def take(kind: Kind, held: bytes | list[Any]) -> list[Any]:
+    def take(f: _Field, held: bytes | list[Any]) -> NumArray:
         if not isinstance(held, bytes):
-            return held
+            return f.array.of(held)
         code = held[0] if held else None
-        return _values(code, memoryview(held)[1:]).tolist()
+        return f.array.of(_values(code, memoryview(held)[1:]))
 
     @staticmethod
     def check_used_up() -> None:
@@ -313,7 +281,7 @@ def _build(cls: type[BaseModel], tree: dict[str, Any], reader: Reader) -> BaseMo
         value = tree.get(f.name)
         if f.kind == "ints" or f.kind == "floats":
             if value is not None:  # None: a field newer than the record keeps its default
-                tree[f.name] = reader.take(f.kind, value)
+                tree[f.name] = reader.take(f, value)
         elif not value:
             continue  # absent, empty or None: as it is
         elif f.kind == "models":
@@ -363,8 +331,8 @@ def _split_columns(view: memoryview) -> tuple[_ColumnReader, dict[str, Any]]:
     (head_len,) = _HEAD_LEN.unpack_from(view, len(HEADER))
     int_code, n_ints, float_code, n_floats, tree = _unpack_tree(view[start:start + head_len])
     ints_at = start + head_len
-    floats_at = ints_at + n_ints * struct.calcsize("<" + _format(int_code))
-    end = floats_at + n_floats * struct.calcsize("<" + _format(float_code))
+    floats_at = ints_at + n_ints * _dtype(int_code).itemsize
+    end = floats_at + n_floats * _dtype(float_code).itemsize
     if end != len(view):
         raise ValueError(f"corrupt replay record: {len(view)} bytes, but its head says "
                          f"{n_ints} ints and {n_floats} floats end at byte {end}")

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.toolcalls import ToolCall
 from rollout.engines.base import expand_spans
+from rollout.token_array import NO_INTS, FloatArray, IntArray
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
@@ -41,18 +43,18 @@ FinishReason = Literal["answer", "max_turns", "max_tokens", "error"]
 class Turn(BaseModel):
     """One assistant action and the observation that followed it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    action_ids: list[int]
+    action_ids: IntArray
     """Tokens the policy sampled for this turn."""
-    action_logprobs: list[float]
+    action_logprobs: FloatArray
     """Behaviour log-probabilities of ``action_ids`` under the sampling distribution."""
     policy_version: int
     """Weights version that generated this turn's first token."""
     version_spans: list[tuple[int, int]] = []
     """``(first action token index, version)`` spans when the weights changed while the turn
     was sampled (an in-flight update); empty: every token is ``policy_version``'s."""
-    observation_ids: list[int] = []
+    observation_ids: IntArray = NO_INTS
     """Tokens appended after the action (tool results, next assistant header). No loss."""
     anchor_observation: str = ""
     """Raw text of the observation this action was taken in (no history)."""
@@ -91,7 +93,9 @@ class Turn(BaseModel):
         return expand_spans(self.version_spans or [(0, self.policy_version)], len(self.action_ids))
 
     def min_version(self) -> int:
-        return min((v for _, v in self.version_spans), default=self.policy_version)
+        if not self.version_spans:  # the usual turn; the replay store asks for every turn
+            return self.policy_version
+        return min(v for _, v in self.version_spans)
 
 
 def window_start(turn: int, history_turns: int | None) -> int:
@@ -113,7 +117,7 @@ class Segment:
 class Trajectory(BaseModel):
     """One rollout of one task."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     schema_version: int = SCHEMA_VERSION
     trajectory_id: str
@@ -121,7 +125,7 @@ class Trajectory(BaseModel):
     task_id: str
     group_id: str
     """Shared by the G rollouts of one task drawn together."""
-    prompt_ids: list[int]
+    prompt_ids: IntArray
     turns: list[Turn] = []
     gold_answers: list[str] | None = None
     gold_tool_calls: list[ToolCall] | None = None
@@ -201,17 +205,21 @@ class Trajectory(BaseModel):
                 out.append(Segment(turn.context_start, t, t + 1))
         return out or [Segment(0, 0, 0)]
 
-    def row(self, seg: Segment) -> tuple[list[int], list[int]]:
+    def row(self, seg: Segment) -> tuple[IntArray, IntArray]:
         """Token ids of ``seg``'s row and, per token, the index of the trained turn whose
         action it is (-1 on prompt, observations and context turns). The observation after
-        the row's last action is left off: no trained token attends to it."""
-        ids, owner = list(self.prompt_ids), [-1] * len(self.prompt_ids)
+        the row's last action is left off: no trained token attends to it. Built from the
+        fields' arrays without a Python number per token (the learner's batching reads
+        ``.array``)."""
+        ids, owner = [self.prompt_ids.array], [np.full(len(self.prompt_ids), -1)]
         for t in range(seg.start, seg.stop):
-            turn = self.turns[t]
-            obs = turn.observation_ids if t < seg.stop - 1 else []
-            ids += turn.action_ids + obs
-            owner += [t if t >= seg.first else -1] * len(turn.action_ids) + [-1] * len(obs)
-        return ids, owner
+            action = self.turns[t].action_ids.array
+            ids.append(action)
+            owner.append(np.full(len(action), t if t >= seg.first else -1))
+            if t < seg.stop - 1:
+                ids.append(self.turns[t].observation_ids.array)
+                owner.append(np.full(len(ids[-1]), -1))
+        return IntArray.frozen(np.concatenate(ids)), IntArray.frozen(np.concatenate(owner))
 
     def num_action_tokens(self) -> int:
         return sum(len(t.action_ids) for t in self.turns)

@@ -12,12 +12,15 @@ import struct
 import zlib
 
 import msgpack
+import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from envs.toolcalls import ToolCall
 from replay import codec
 from replay.codec import FORMAT_VERSION, HEADER, MAGIC, decode_group, decode_groups, encode_group, encoded_size
 from replay.redis_store import encode_group as store_encode
+from rollout.token_array import FloatArray, IntArray
 from rollout.trajectory import Group, Trajectory, Turn
 
 
@@ -114,8 +117,8 @@ def test_token_ids_past_int32_and_negative_round_trip() -> None:
     traj = Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=ids)
     group = Group(group_id="g", task_id="t", trajectories=[traj])
     assert decode_group(encode_group(group)) == group
-    huge = Group(group_id="g", task_id="t", trajectories=[traj.model_copy(update={"prompt_ids": [2**70]})])
-    assert decode_group(encode_group(huge)) == huge  # past int64: written as a plain list
+    with pytest.raises(ValidationError, match="prompt_ids"):  # past int64: no token id is
+        Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=[2**70])
 
 
 def test_metadata_msgpack_cannot_hold_is_rendered_as_json_would() -> None:
@@ -199,22 +202,43 @@ def test_columns_hold_every_number_in_tree_order() -> None:
     assert list(struct.unpack_from(f"<{n_floats}d", record, start + 4 * n_ints)) == lps
 
 
-@pytest.mark.parametrize("ids, int_code, plain", [
-    ([2**31 - 1, -(2**31)], 1, False),  # int32 holds them
-    ([2**31, -1], 2, False),  # one id past int32: the whole int column is int64
-    ([2**63 - 1, -(2**63)], 2, False),
-    ([2**63, 3], 1, True),  # past int64 (msgpack holds it): a plain list; the rest fit int32
+@pytest.mark.parametrize("ids, int_code", [
+    ([2**31 - 1, -(2**31)], 1),  # int32 holds them
+    ([2**31, -1], 2),  # one id past int32: the whole int column is int64
+    ([2**63 - 1, -(2**63)], 2),
 ])
-def test_int_column_widens_and_falls_back_per_field(ids: list[int], int_code: int, plain: bool) -> None:
+def test_int_column_widens(ids: list[int], int_code: int) -> None:
     group = with_ids(ids)
     record = encode_group(group)
     head = head_of(record)
     assert head[0] == int_code
-    action_ids = head[4]["trajectories"][0]["turns"][0]["action_ids"]
-    assert action_ids == (ids if plain else len(ids))
-    assert head[1] == 2 + (0 if plain else len(ids))  # prompt_ids [5, 6] are always in the column
+    assert head[4]["trajectories"][0]["turns"][0]["action_ids"] == len(ids)
+    assert head[1] == 2 + len(ids)  # prompt_ids [5, 6] come first in the column
     back = decode_group(record)
     assert back == group and back.trajectories[0].turns[0].action_ids == ids
+
+
+def test_a_format_2_record_holding_a_plain_list_decodes() -> None:
+    # The list-field build wrote a field whose ids fit no column (past int64) as a plain
+    # msgpack list in the tree; one that fits is read back like any other.
+    group = with_ids([7, 8])
+    columns = codec._Columns()
+    tree = codec._tree(group, columns)
+    tree["trajectories"][0]["turns"][0]["action_ids"] = [7, 8]
+    columns.ints = columns.ints[:1]  # the prompt's ids only
+    assert decode_group(codec._assemble(tree, columns)) == group
+    tree["trajectories"][0]["turns"][0]["action_ids"] = [2**63, 1]
+    with pytest.raises(ValueError, match="integers past int64"):
+        decode_group(codec._assemble(tree, columns))
+
+
+def test_decoded_numbers_are_read_only_views_of_the_record() -> None:
+    record = bytearray(encode_group(full_group()))  # the Redis store reads into bytearrays
+    turn = decode_group(record).trajectories[0].turns[0]
+    assert isinstance(turn.action_ids, IntArray) and isinstance(turn.action_logprobs, FloatArray)
+    assert np.shares_memory(turn.action_ids.array, np.frombuffer(record, np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        turn.action_ids.array[0] = 1
 
 
 def test_a_group_without_numbers_round_trips() -> None:
@@ -226,7 +250,7 @@ def test_a_group_without_numbers_round_trips() -> None:
 
 def test_format_1_records_still_decode() -> None:
     """Records the previous build wrote (held in Redis across the upgrade) read as before."""
-    for group in (full_group(), with_ids([2**40, -1]), with_ids([2**63, 1])):
+    for group in (full_group(), with_ids([2**40, -1])):
         record = V1_HEADER + msgpack.packb(v1_tree(group))
         assert decode_group(record) == group
         assert decode_group(zlib.compress(record, 1)) == group
@@ -244,7 +268,7 @@ def test_a_store_read_bytearray_decodes() -> None:
 def test_a_record_missing_a_newer_field_gets_its_default(writer: str) -> None:
     # A record written before a field existed: the field takes its default.
     group = full_group()
-    columns = codec._Columns(checked=False)
+    columns = codec._Columns()
     tree = codec._tree(group, columns) if writer == "columns" else v1_tree(group)
     for traj in tree["trajectories"]:
         del traj["metadata"]
