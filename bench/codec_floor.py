@@ -1,109 +1,101 @@
-"""How fast a replay record could be encoded and decoded: the codec beside two floors.
+"""The replay codec with array token fields beside the floor any list-field codec pays.
 
     .venv/bin/python bench/codec_floor.py [--quick] [--reps N]
 
-With the codec taken out, the Redis store runs at ~0.69 of raw pipelined writes
-(``bench/replay.py``); with it, ~0.17. The goal of 0.5 leaves the codec about 1.4 ms a group.
-This bench shows how much of that any codec can reach while trajectories hold ``list[int]`` and
-``list[float]`` token fields, against records whose numeric fields are arrays, on
-bench/replay.py's realistic group (16 rollouts x 8 turns, ~78k numbers), all in one run:
+Trajectories hold their token ids and log-probs as read-only numpy arrays
+(rollout/token_array.py), so the codec (replay/codec.py) joins them into the record's two
+columns and decodes each field as a view of its slice, making no Python number. A schema of
+``list[int]`` / ``list[float]`` fields could not do that: whatever its encoding, it has to
+turn every number of the record into a Python object on decode and back on encode. This bench
+times, on bench/replay.py's realistic group (16 rollouts x 8 turns, ~78k numbers), in one run:
 
-1. **the codec** (replay/codec.py), encode and decode;
-2. **the list floor**: only turning the group's packed numbers into the Python lists its fields
-   hold (``memoryview.tolist`` per field), and nothing else. No codec that hands back list
-   fields decodes faster than this;
-3. **array fields**: the same msgpack head (every field but the numbers), each numeric field
-   its own buffer, written with one join and read back with one ``array.frombytes`` a field,
-   the models rebuilt the way the codec rebuilds them (no validation). This is what the codec
-   would cost if the schema carried arrays from the engine to the learner's tensors.
+1. **the codec**, encode and decode;
+2. **the list floor**: only packing the group's numbers from lists into one column
+   (``struct.pack``, the fastest packing of a list) and only unpacking them into the lists the
+   fields would hold (``tolist`` per field), nothing else: no list-field codec is faster;
+3. **pickle**, which is how Ray carries a group between actors (rollout -> rewards -> replay):
+   a round trip of the group as it is against the same group with list fields.
 
-Decoding runs with the cyclic collector paused, as ``replay.codec.decode_groups`` does. Each
-line gives milliseconds a group (best of ``--reps``), and its ratio to the codec.
+Everything runs with the cyclic collector paused, as ``replay.codec.decode_groups`` pauses it.
+Each line gives milliseconds a group (best of ``--reps``) and the ratio of the two.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import pickle
+import struct
 import sys
 import time
-from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgpack
-from pydantic import BaseModel
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from replay import codec  # noqa: E402
 from replay.codec import decode_group, encode_group  # noqa: E402
-from rollout.trajectory import Group  # noqa: E402
-
-TYPECODES = {"ints": "i", "floats": "d"}  # int32 ids, float64 log-probs, as the codec's columns
+from rollout.trajectory import Group, Trajectory, Turn  # noqa: E402
 
 
-def best_ms(fn: Callable[[], Any], reps: int) -> float:
-    fn()  # warm: the codec builds its field plans once
-    times = []
+def best_ms(fns: tuple[Callable[[], Any], Callable[[], Any]], reps: int) -> tuple[float, float]:
+    """Best milliseconds of each of two functions, run alternately (this machine's speed
+    drifts from minute to minute)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for fn in fns:
+        fn()  # warm: the codec builds its field plans once
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return min(times[0]) * 1e3, min(times[1]) * 1e3
 
 
-def walk(cls: type[BaseModel], obj: BaseModel | dict[str, Any], numeric: Callable[[str, Any], Any],
-         build: Callable[[type[BaseModel], dict[str, Any]], Any] = lambda cls, fields: fields) -> Any:
-    """``obj`` (a model or its field map) as a field map whose numeric fields are replaced by
-    ``numeric(kind, value)``, nested models walked alike, in the codec's field order (its field
-    plan says which fields are which); ``build(cls, fields)`` makes each level's result."""
-    fields = dict(obj.__dict__ if isinstance(obj, BaseModel) else obj)
-    for f in codec._plan(cls).packed:
-        value = fields[f.name]
-        fields[f.name] = ([walk(f.model, item, numeric, build) for item in value] if f.kind == "models"
-                          else numeric(f.kind, value))
-    return build(cls, fields)
+def numeric_fields(group: Group) -> tuple[list[list[int]], list[list[float]]]:
+    """Every token-id field and log-prob field of ``group`` as the lists a list schema holds."""
+    ids, lps = [], []
+    for traj in group.trajectories:
+        ids.append(traj.prompt_ids.tolist())
+        for turn in traj.turns:
+            ids += [turn.action_ids.tolist(), turn.observation_ids.tolist()]
+            lps.append(turn.action_logprobs.tolist())
+    return ids, lps
 
 
-# -- array fields: the record a schema with array token fields would write -------------------
-def as_arrays(group: Group) -> dict[str, Any]:
-    """The group as field maps whose numeric fields are arrays."""
-    return walk(Group, group, lambda kind, values: array(TYPECODES[kind], values))
+def list_pack(ids: list[list[int]], lps: list[list[float]]) -> bytes:
+    flat_ids = [x for field in ids for x in field]
+    flat_lps = [x for field in lps for x in field]
+    return struct.pack(f"<{len(flat_ids)}i", *flat_ids) + struct.pack(f"<{len(flat_lps)}d", *flat_lps)
 
 
-def array_encode(tree: dict[str, Any]) -> tuple[bytes, int, list[array]]:
-    """The record (head: the tree, each numeric field replaced by its length; then the
-    fields' buffers), the head's length and the buffers."""
-    buffers: list[array] = []
-
-    def cut(_: str, values: array) -> int:
-        buffers.append(values)
-        return len(values)
-
-    head = msgpack.packb(walk(Group, tree, cut), default=lambda v: v.model_dump(mode="json"))
-    return b"".join([head, *buffers]), len(head), buffers
-
-
-def array_decode(record: bytes, head_len: int) -> Group:
-    view, at = memoryview(record), head_len
-
-    def take(kind: str, n: int) -> array:
-        nonlocal at
-        values = array(TYPECODES[kind])
-        values.frombytes(view[at:at + n * values.itemsize])
-        at += n * values.itemsize
-        return values
-
-    def build(cls: type[BaseModel], fields: dict[str, Any]) -> BaseModel:
-        return codec._construct(cls, codec._plan(cls), fields)  # the codec's own model path
-
-    return walk(Group, msgpack.unpackb(view[:head_len]), take, build)
+def list_unpack(columns: bytes, ids: list[list[int]], lps: list[list[float]]) -> list[list[Any]]:
+    n_ids = sum(map(len, ids))
+    views = (memoryview(columns)[:4 * n_ids].cast("i"), memoryview(columns)[4 * n_ids:].cast("d"))
+    out = []
+    for view, fields in zip(views, (ids, lps)):
+        at = 0
+        for field in fields:
+            out.append(view[at:at + len(field)].tolist())
+            at += len(field)
+    return out
 
 
-def list_floor(buffers: list[memoryview]) -> list[list[Any]]:
-    return [view.tolist() for view in buffers]
+def with_list_fields(group: Group) -> Group:
+    """``group`` with every numeric field a plain list, as the list schema held it (built
+    without validation, which would turn them back into arrays)."""
+    def turn(t: Turn) -> Turn:
+        return Turn.model_construct(**{**t.__dict__, "action_ids": t.action_ids.tolist(),
+                                       "action_logprobs": t.action_logprobs.tolist(),
+                                       "observation_ids": t.observation_ids.tolist()})
+    trajs = [Trajectory.model_construct(**{**tr.__dict__, "prompt_ids": tr.prompt_ids.tolist(),
+                                           "turns": [turn(t) for t in tr.turns]})
+             for tr in group.trajectories]
+    return group.model_copy(update={"trajectories": trajs})
+
+
+def pickle_round_trip(group: Group) -> Group:
+    return pickle.loads(pickle.dumps(group, protocol=5))
 
 
 def main() -> None:
@@ -117,29 +109,30 @@ def main() -> None:
 
     group = make_groups(1)[0]
     record = encode_group(group)
-    tree = as_arrays(group)
-    arr_record, head_len, arrays = array_encode(tree)
-    buffers = [memoryview(values) for values in arrays]
-    # the array record reads back to the same group: written again, it is the same bytes
-    assert array_encode(as_arrays(array_decode(arr_record, head_len)))[0] == arr_record
+    ids, lps = numeric_fields(group)
+    columns = list_pack(ids, lps)
+    listed = with_list_fields(group)
+    assert list_unpack(columns, ids, lps) == ids + lps and decode_group(record) == group
+    assert pickle_round_trip(group) == group == listed
     gc.disable()  # decoding pauses the collector (replay.codec.decode_groups); so does this
     try:
-        rows = [("codec: encode", best_ms(lambda: encode_group(group), args.reps)),
-                ("codec: decode", best_ms(lambda: decode_group(record), args.reps)),
-                ("list floor: lists only", best_ms(lambda: list_floor(buffers), args.reps)),
-                ("array fields: encode", best_ms(lambda: array_encode(tree), args.reps)),
-                ("array fields: decode", best_ms(lambda: array_decode(arr_record, head_len), args.reps))]
+        rows = [("encode", *best_ms((lambda: encode_group(group), lambda: list_pack(ids, lps)), args.reps)),
+                ("decode", *best_ms((lambda: decode_group(record),
+                                     lambda: list_unpack(columns, ids, lps)), args.reps)),
+                ("pickle round trip", *best_ms((lambda: pickle_round_trip(group),
+                                                lambda: pickle_round_trip(listed)), args.reps))]
     finally:
         gc.enable()
-    base = {"encode": rows[0][1], "decode": rows[1][1]}
-    numbers = sum(len(values) for values in arrays)
-    print(f"one group: {len(group.trajectories)} rollouts, {numbers} numbers, record {len(record) / 1e3:.0f} kB "
-          f"(array record {len(arr_record) / 1e3:.0f} kB); best of {args.reps}")
-    for name, ms in rows:
-        side = "encode" if "encode" in name else "decode"
-        print(f"  {name:<26} {ms:7.2f} ms   {ms / base[side]:5.2f} x the codec's {side}")
-    print(f"codec encode + decode {base['encode'] + base['decode']:.2f} ms; with array fields "
-          f"{rows[3][1] + rows[4][1]:.2f} ms; the lists alone {rows[2][1]:.2f} ms")
+    numbers = sum(map(len, ids + lps))
+    print(f"one group: {len(group.trajectories)} rollouts, {numbers} numbers in {len(ids) + len(lps)} "
+          f"fields, record {len(record) / 1e3:.0f} kB; best of {args.reps}")
+    for side, codec_ms, floor_ms in rows:
+        name = ("array fields", "list fields") if side.startswith("pickle") else ("codec", "list floor")
+        print(f"  {side}: {name[0]} {codec_ms:6.2f} ms | {name[1]} {floor_ms:6.2f} ms | "
+              f"{name[0]} / {name[1]} {codec_ms / floor_ms:5.2f}")
+    total, floor = rows[0][1] + rows[1][1], rows[0][2] + rows[1][2]
+    print(f"encode + decode: codec {total:.2f} ms, list floor {floor:.2f} ms, "
+          f"codec / list floor {total / floor:.2f}")
 
 
 if __name__ == "__main__":

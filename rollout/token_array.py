@@ -121,7 +121,9 @@ class NumArray(Sequence):
         return self.array if dtype is None else self.array.astype(dtype, copy=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.array,)  # numpy pickles the buffer whole, not number by number
+        # The bytes whole, not number by number; and not the ndarray itself, whose generic
+        # reduce costs more than a field's few hundred numbers (bench/codec_floor.py).
+        return _unpickle, (type(self), self.array.dtype.str, self.array.tobytes())
 
     def __copy__(self) -> "NumArray":
         return self  # read-only: a copy is the same thing
@@ -138,6 +140,10 @@ class NumArray(Sequence):
             python_schema=validate,
             serialization=core_schema.plain_serializer_function_ser_schema(cls.tolist),
         )
+
+
+def _unpickle(cls: type[NumArray], dtype: str, data: bytes) -> NumArray:
+    return cls(np.frombuffer(data, dtype))  # read-only: a view of immutable bytes
 
 
 class IntArray(NumArray):
