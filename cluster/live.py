@@ -50,6 +50,10 @@ class LocalLivePorts:
     async def judge_early(self, traj: Any, turns: list[int]) -> list[dict[str, Any]]:
         return await self.reward.judge_early(traj, turns)
 
+    async def close(self) -> None:
+        """Stop the reward service's background tasks (on the loop that runs them)."""
+        await self.reward.close()
+
 
 def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] = ()) -> Any:
     """A ``RewardService`` (no model scorers; ``judges``: ``LocalJudge`` ports) that puts into

@@ -91,6 +91,7 @@ class RewardService:
         self._put = None if put_many is None else PutCoalescer(lambda groups: put_many(groups, True))
         self.scorers, self.judges = list(scorers), list(judges)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task] = []
         self._counts: dict[str, Any] = {
             "groups": 0, "trajectories": 0, "outcome_sum": 0.0, "batches": 0,
             "batched_trajectories": 0, "ig_values": 0, "ig_version_mismatch": 0,
@@ -114,6 +115,14 @@ class RewardService:
         self._judge_q: asyncio.Queue = asyncio.Queue()
         self._tasks = [loop.create_task(self._batcher())]
         self._tasks += [loop.create_task(self._judge_loop(j)) for j in self.judges]
+
+    async def close(self) -> None:
+        """Stop the background tasks (on the loop that started them). A loop stopped with
+        them pending leaves coroutines that complain when they are collected."""
+        tasks, self._tasks, self._loop = self._tasks, [], None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- submit --------------------------------------------------------------------------
     async def submit(self, group: Group) -> PutResult:

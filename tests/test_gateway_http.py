@@ -27,6 +27,7 @@ class Served:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+        self.ports = ports
         self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), ports, run_id="t1",
                                    early_judge=early_judge)
         self.url = self.call(self.gateway.start())
@@ -36,6 +37,8 @@ class Served:
 
     def close(self) -> None:
         self.call(self.gateway.stop())
+        if self.ports is not None:
+            self.call(self.ports.close())  # the reward service's tasks live on this loop
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
 
