@@ -47,7 +47,7 @@ import numpy as np
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from rollout.token_array import FloatArray, IntArray, NumArray
+from rollout.token_array import IntArray, NumArray
 from rollout.trajectory import Group
 
 MAGIC = b"TRG"
@@ -126,7 +126,6 @@ def _packs(cls: type[BaseModel]) -> bool:
 
 
 _NATIVE_LEAVES = (str, int, float, bool, type(None), bytes, Any)
-assert not issubclass(FloatArray, IntArray)
 _NATIVE_CONTAINERS = (list, dict, typing.Union, types.UnionType)
 
 

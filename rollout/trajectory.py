@@ -217,8 +217,9 @@ class Trajectory(BaseModel):
             ids.append(action)
             owner.append(np.full(len(action), t if t >= seg.first else -1))
             if t < seg.stop - 1:
-                ids.append(self.turns[t].observation_ids.array)
-                owner.append(np.full(len(ids[-1]), -1))
+                obs = self.turns[t].observation_ids.array
+                ids.append(obs)
+                owner.append(np.full(len(obs), -1))
         return IntArray.frozen(np.concatenate(ids)), IntArray.frozen(np.concatenate(owner))
 
     def num_action_tokens(self) -> int:

@@ -303,3 +303,19 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
     assert not math.isnan(stats["mean_batch_trajectories"])
     for actor in (reward, replay, broker):
         ray.kill(actor)
+
+
+def test_close_stops_the_background_tasks() -> None:
+    # A loop stopped with the batcher and judge loops pending leaves coroutines that complain
+    # when they are collected (the gateway's loop, a test harness's).
+    async def run() -> tuple[int, int, float | None]:
+        service = RewardService(RewardsConfig(), ReplayConfig(), None)
+        traj = Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=[1], outcome=None,
+                          turns=[Turn(action_ids=[2], action_logprobs=[-0.5], policy_version=0)])
+        scored = await service.score_group(Group(group_id="g", task_id="t", trajectories=[traj]))
+        running = len(asyncio.all_tasks()) - 1  # all but this one
+        await service.close()
+        return running, len(asyncio.all_tasks()) - 1, scored.trajectories[0].turns[0].rewards.get("ig")
+
+    running, left, ig = asyncio.run(run())
+    assert running == 1 and left == 0 and ig is None  # the batcher ran; close ended it

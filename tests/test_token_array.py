@@ -11,13 +11,13 @@ import pytest
 import torch
 from pydantic import BaseModel, ValidationError
 
-from rollout.token_array import NO_INTS, FloatArray, IntArray
+from rollout.token_array import NO_FLOATS, FloatArray, IntArray
 from rollout.trajectory import Trajectory, Turn
 
 
 class Fields(BaseModel):
     ids: IntArray
-    lps: FloatArray = NO_INTS  # an empty default of either kind reads the same
+    lps: FloatArray = NO_FLOATS
 
 
 def test_reads_like_the_list_it_replaces() -> None:
