@@ -7,7 +7,8 @@ Starts its own redis-server (loopback, data in a temporary directory, append-onl
 the embedded default ``appendfsync always`` unless told otherwise) and drives, round after
 round, what producers and the learner do: put B realistic groups (16 rollouts x 8 turns x
 256 sampled tokens, plus a 256-token prompt and 64-token observations) in one ``put_many``
-(the reward service coalesces the puts of groups that finish together), claim B, ack, commit.
+(the reward service coalesces the puts of groups that finish together), claim B, ack (and
+commit, as a learner that keeps no checkpoint does in the same call).
 Each round is paired with a round of raw redis-py pipelined SETs of the same B payloads
 (pre-encoded, on a client set up like the store's), so both see the same machine load: on a
 shared machine the raw rate alone swings 2x from minute to minute.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing as mp
 import random
 import sys
 import tempfile
@@ -36,6 +38,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
@@ -43,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from replay import redis_store  # noqa: E402
 from replay.config import ReplayConfig  # noqa: E402
 from replay.redis_server import RedisServer  # noqa: E402
-from replay.redis_store import RedisReplayStore, decode_group  # noqa: E402
+from replay.redis_store import RedisReplayStore, decode_group, delete_run  # noqa: E402
 from rollout.trajectory import Group, Trajectory, Turn  # noqa: E402
 
 ROLLOUTS, TURNS, ACTION_TOKENS, OBS_TOKENS, PROMPT_TOKENS = 16, 8, 256, 64, 256
@@ -132,8 +135,7 @@ def store_round(store: RedisReplayStore, groups: list[Group], totals: Totals, si
     t = time.perf_counter()
     claim = store.claim(len(groups))
     totals.claim_s.append(time.perf_counter() - t)
-    store.ack(claim.claim_id, new_version=0)
-    store.commit(0)  # a learner that checkpoints every step frees the payloads at once
+    store.ack(claim.claim_id, new_version=0, commit=True)  # no checkpoint: payloads freed at once
     totals.store_s += time.perf_counter() - start
 
 
@@ -196,6 +198,89 @@ def run(url: str, groups: list[Group], batch: int, name: str, floor: bool = Fals
             + ("no encoding or decoding" if floor else f"encode {enc:.1f} ms decode {dec:.1f} ms per group"))
 
 
+# -- producer and learner in processes of their own, as deployed ----------------------------
+def versioned_groups(n: int, batch: int) -> list[Group]:
+    """``make_groups`` stamped with the policy version each was generated under when producers
+    run ahead of the learner as far as ``eta=1`` admits (two batches): group i, claimed at
+    version i // B, was generated at i // B - 1 and is one version stale (within eta)."""
+    def stamped(group: Group, version: int) -> Group:
+        trajs = [t.model_copy(update={"turns": [turn.model_copy(update={"policy_version": version})
+                                                 for turn in t.turns]}) for t in group.trajectories]
+        return group.model_copy(update={"trajectories": trajs})
+
+    return [stamped(g, max(0, i // batch - 1)) for i, g in enumerate(make_groups(n))]
+
+
+def deployed_cfg(url: str, batch: int) -> ReplayConfig:
+    return ReplayConfig(type="redis", url=url, eta=1, max_concurrent_groups=2 * batch,
+                        capacity_groups=4 * batch, capacity_bytes=2**40)
+
+
+def produce(url: str, run_id: str, n: int, batch: int, start: Any) -> None:
+    """A producer process: reserve (the staleness admission of eta=1), then put what it was
+    granted in one ``put_many``, until n groups are in."""
+    groups = versioned_groups(n, batch)
+    store = RedisReplayStore(deployed_cfg(url, batch), batch, run_id=run_id)
+    start.wait()
+    done = 0
+    while done < n:
+        granted = store.reserve(min(batch, n - done))
+        if not granted:
+            time.sleep(0.0005)
+            continue
+        assert all(r.accepted for r in store.put_many(groups[done:done + granted]))
+        done += granted
+    store.close()
+
+
+def learn(url: str, run_id: str, n: int, batch: int, start: Any, out: Any) -> None:
+    """A learner process: claim B (decoded), ack with the next version and commit, until n
+    groups are trained; sends back its seconds from the start and each claim's latency."""
+    store = RedisReplayStore(deployed_cfg(url, batch), batch, run_id=run_id)
+    start.wait()
+    t0, version, claims = time.perf_counter(), 0, []
+    while version * batch < n:
+        t = time.perf_counter()
+        claim = store.claim(batch)
+        if claim is None:
+            time.sleep(0.0005)
+            continue
+        claims.append(time.perf_counter() - t)
+        version += 1
+        store.ack(claim.claim_id, version, commit=True)
+    out.put((time.perf_counter() - t0, claims))
+    store.close()
+
+
+def deployed(url: str, n: int, batch: int, repeats: int) -> str:
+    """Alternate raw blocks (all n groups' bytes, B per pipeline) and store blocks (a producer
+    process and a learner process at once, as a run places them); one line of results."""
+    ctx = mp.get_context("spawn")
+    payloads = [redis_store.encode_group(g, False)[0] for g in make_groups(n)]
+    raw_client = redis_store.connect(url, deployed_cfg(url, batch))
+    totals = Totals()
+    for r in range(repeats):
+        totals.raw_s += sum(raw_round(raw_client, payloads[i:i + batch], i) for i in range(0, n, batch))
+        run_id, start, out = f"deployed-{time.time_ns()}", ctx.Barrier(3), ctx.Queue()
+        procs = [ctx.Process(target=produce, args=(url, run_id, n, batch, start)),
+                 ctx.Process(target=learn, args=(url, run_id, n, batch, start, out))]
+        for proc in procs:
+            proc.start()
+        start.wait()  # both have built their store (and the producer its groups): go
+        seconds, claims = out.get(timeout=600)
+        for proc in procs:
+            proc.join(60)
+            assert proc.exitcode == 0, f"{proc.name} exited {proc.exitcode}"
+        totals.store_s += seconds
+        totals.claim_s += claims
+        delete_run(raw_client, run_id)
+    raw_client.close()
+    store, raw = repeats * n / totals.store_s, repeats * n / totals.raw_s
+    return (f"[binary, producer and learner processes] store {store:6.1f} groups/s | raw pipelined "
+            f"SET {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
+            f"{pct(totals.claim_s, 0.5) * 1e3:.1f} ms p95 {pct(totals.claim_s, 0.95) * 1e3:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 groups instead of 256")
@@ -203,6 +288,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="groups per claim (B)")
     parser.add_argument("--appendfsync", choices=["always", "everysec", "no", "off"],
                         default="always", help="server AOF policy; 'off' disables the AOF")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="raw/store block pairs of the producer-and-learner-processes line")
     parser.add_argument("--no-json", action="store_true", help="skip the old JSON encoding's line")
     parser.add_argument("--single-puts", action="store_true",
                         help="add lines with one put per group (before puts were coalesced)")
@@ -221,6 +308,7 @@ def main() -> None:
         for name in names:
             print(run(server.url, groups, args.batch, name), flush=True)
         print(run(server.url, groups, args.batch, "binary", floor=True), flush=True)
+        print(deployed(server.url, n, args.batch, args.repeats), flush=True)
         if args.single_puts:
             print(run(server.url, groups, args.batch, "binary", single=True), flush=True)
             print(run(server.url, groups, args.batch, "binary", floor=True, single=True), flush=True)

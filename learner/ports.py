@@ -15,7 +15,7 @@ from replay.client import poll_claim
 class LearnerPorts(Protocol):
     def claim(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
         """``n`` groups, waiting up to ``wait_s`` for them; None if they did not come."""
-    def ack(self, claim_id: str, version: int) -> None: ...
+    def ack(self, claim_id: str, version: int, commit: bool = False) -> None: ...
     def commit(self, version: int) -> None: ...
     def publish(self, version: int, state: Mapping[str, Any]) -> None: ...
 
@@ -34,10 +34,10 @@ class ActorLearnerPorts:
 
         return ray.get(self.replay.claim_wait.remote(n, live, wait_s))  # puts wake it (replay/host.py)
 
-    def ack(self, claim_id: str, version: int) -> None:
+    def ack(self, claim_id: str, version: int, commit: bool = False) -> None:
         import ray
 
-        ray.get(self.replay.ack.remote(claim_id, version))
+        ray.get(self.replay.ack.remote(claim_id, version, commit))
 
     def commit(self, version: int) -> None:
         import ray
@@ -66,8 +66,8 @@ class LocalLearnerPorts:
     def claim(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
         return poll_claim(lambda: self.store.claim(n, live), wait_s)  # nothing to wake a local store
 
-    def ack(self, claim_id: str, version: int) -> None:
-        self.store.ack(claim_id, version)
+    def ack(self, claim_id: str, version: int, commit: bool = False) -> None:
+        self.store.ack(claim_id, version, commit)
 
     def commit(self, version: int) -> None:
         self.store.commit(version)

@@ -127,14 +127,13 @@ class LearnerWorker:
         self.version += 1
         self.step += 1
         self._publish()
-        if claim is not None:
-            self.ports.ack(claim.claim_id, self.version)
+        if claim is not None:  # rank 0
+            # No checkpoint to resume from: nothing to retain, forgotten in the same call.
+            self.ports.ack(claim.claim_id, self.version, commit=not self.cfg.checkpoint_every)
             self._log_trained(claim)
         t3 = time.perf_counter()
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
-        elif not self.cfg.checkpoint_every and self.rank == 0:
-            self.ports.commit(self.version)  # no checkpoint to resume from: nothing to retain
         metrics |= batch_metrics(trajs, claim.staleness if claim else [])
         metrics |= {"step": self.step, "version": self.version, "time/wait_s": t1 - t0,
                     "time/update_s": t2 - t1, "time/publish_s": t3 - t2,

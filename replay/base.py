@@ -143,8 +143,11 @@ class ReplayStore(ABC):
         """How many more live groups a put would accept now (0 when it would be refused)."""
 
     @abstractmethod
-    def ack(self, claim_id: str, new_version: int) -> None:
-        """The claim was trained on; the learner now publishes ``new_version``."""
+    def ack(self, claim_id: str, new_version: int, commit: bool = False) -> None:
+        """The claim was trained on; the learner now publishes ``new_version``.
+
+        ``commit``: and ``commit(new_version)`` in the same operation, for a learner that keeps
+        no checkpoint to roll back to (one round trip a step instead of two)."""
 
     @abstractmethod
     def commit(self, version: int) -> int:

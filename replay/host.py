@@ -107,8 +107,8 @@ class ReplayHost:
             self._changed.wait(min(left, RECHECK_S))  # lets puts in meanwhile
 
     @_serial
-    def ack(self, claim_id: str, version: int) -> None:
-        self.store.ack(claim_id, version)
+    def ack(self, claim_id: str, version: int, commit: bool = False) -> None:
+        self.store.ack(claim_id, version, commit)
 
     @_serial
     def commit(self, version: int) -> int:

@@ -129,7 +129,7 @@ class InProcessReplayStore(ReplayStore):
             self._stats.staleness_hist[age] = self._stats.staleness_hist.get(age, 0) + 1
         return Claim(claim_id, [g for g, _ in taken], ages)
 
-    def ack(self, claim_id: str, new_version: int) -> None:
+    def ack(self, claim_id: str, new_version: int, commit: bool = False) -> None:
         taken = self._claims.pop(claim_id, None)
         if taken is None:
             raise KeyError(f"unknown or already acknowledged claim {claim_id!r}")
@@ -138,6 +138,8 @@ class InProcessReplayStore(ReplayStore):
         self._stats.trained += len(taken)
         self._stats.live_trained += sum(g.group_id in self._live_ids for g, _ in taken)
         self._stats.version = max(self._stats.version, new_version)
+        if commit:
+            self.commit(new_version)
 
     def commit(self, version: int) -> int:
         done = [cid for cid, (v, _) in self._acked.items() if v <= version]

@@ -105,7 +105,7 @@ return once(function()
   return 0, true
 end)
 """,
-    # A re-sent put also re-SETs its staging key in the same MULTI: on_replay unlinks it.
+    # A re-sent put also re-SETs its staging key in the same pipeline: on_replay unlinks it.
     # ARGV: gid, nbytes, version, capacity_groups, capacity_bytes, eta, scheduled (1/0),
     # live_capacity_groups.
     "put": f"""
@@ -148,6 +148,7 @@ local function put()
   end
   redis.call('ZADD', ready_ver, v, gid)
   redis.call('RENAME', staged, gkey .. gid)
+  redis.call('PERSIST', gkey .. gid)  -- the staging key's TTL: held now until commit
   redis.call('HSET', gver, gid, v)
   redis.call('HSET', gbytes, gid, nbytes)
   redis.call('HINCRBY', stats, 'bytes', nbytes)
@@ -189,6 +190,7 @@ return once(function()
   return {cid, gids, ages}, true
 end)
 """,
+    # ARGV: claim id, new version, commit (1/0: commit(new version) too).
     "ack": """
 return once(function()
   local raw = redis.call('HGET', claims, ARGV[1])
@@ -205,6 +207,7 @@ return once(function()
   redis.call('HINCRBY', stats, 'trained', #gids)
   redis.call('HINCRBY', stats, 'retained', #gids)
   if tonumber(ARGV[2]) > stat('version') then redis.call('HSET', stats, 'version', ARGV[2]) end
+  if ARGV[3] == '1' then commit(tonumber(ARGV[2])) end
   return #gids, true
 end)
 """,

@@ -31,9 +31,10 @@ with respect to concurrent producers and the counters they update, and every key
 in one Redis Cluster slot (the braces are a hash tag).
 
 Payloads (~0.5 MB) never pass through Lua, which would copy them twice: ``put`` SETs the bytes
-under a fresh staging key and runs the script in the same MULTI/EXEC, and the script RENAMEs
-the staging key to ``P g:<id>`` or UNLINKs it; ``claim`` returns ids and the client MGETs them,
-each read off the socket straight into a buffer of its own (replay/redis_reads.py).
+under a fresh staging key (with a TTL) and runs the script in the same pipeline, and the script
+RENAMEs the staging key to ``P g:<id>`` (and PERSISTs it) or UNLINKs it; ``claim`` returns ids
+and the client MGETs them, each read off the socket straight into a buffer of its own
+(replay/redis_reads.py).
 
 The admission and staleness rules are those of ``replay.admission``, transcribed in ``_RULES``
 because they must run inside the scripts to be atomic; tests/test_replay_redis.py checks the
@@ -262,20 +263,27 @@ class RedisReplayStore(ReplayStore):
         return self._put_all(groups, scheduled, [uuid.uuid4().hex for _ in groups])
 
     def _put_all(self, groups: list[Group], scheduled: bool, op_ids: list[str]) -> list[PutResult]:
-        """One MULTI/EXEC for all ``groups``: one round trip and (``appendfsync always``) one
-        fsync, as a raw pipeline has, instead of one each. Each group keeps its own staging
-        key, script run and operation id, so each is accepted or refused on its own."""
-        pipe = self._r.pipeline(transaction=True)  # SET + script: no staging key outlives EXEC
+        """One pipeline for all ``groups``: one round trip and (``appendfsync always``) as few
+        fsyncs as a raw pipeline of the same bytes has. Each group keeps its own staging key,
+        script run and operation id, so each is accepted or refused on its own.
+
+        Not a MULTI/EXEC: Redis would queue every payload and write the whole batch to its
+        append-only file only at EXEC, after the last byte arrived; outside a transaction it
+        writes (and fsyncs) what has arrived while the rest is still on the wire, which
+        measured twice as fast (docs/replay.md). A staging key is unique to its operation, so
+        nothing else can see it between its SET and its script, and it expires on its own
+        (after the operation's TTL) if the script never runs (a producer killed between them)."""
+        pipe = self._r.pipeline(transaction=False)
         for group, op_id in zip(groups, op_ids):
             payload, nbytes = encode_group(group, self.cfg.compress)
             staged = f"{self._prefix}stage:{op_id}"
             keys = [*self.keys, self._op_key(op_id), staged]
-            pipe.set(staged, payload)
-            # EVAL, not EVALSHA: a NOSCRIPT error inside MULTI would leave the staging key behind.
+            pipe.set(staged, payload, ex=self._op_ttl)
+            # EVAL, not EVALSHA: a pipeline's NOSCRIPT reply would cost a second round trip.
             pipe.eval(SCRIPTS["put"], len(keys), *keys, group.group_id, nbytes, group.min_version(),
                       self.cfg.capacity_groups, self.cfg.capacity_bytes, self.cfg.eta,
                       int(scheduled), self.cfg.live_capacity_groups, self._op_ttl)
-        replies = pipe.execute()  # a re-sent MULTI re-runs it all: see "put"'s on_replay
+        replies = pipe.execute()  # a re-sent pipeline re-runs it all: see "put"'s on_replay
         return [PutResult(status.decode(), detail.decode()) for status, detail in replies[1::2]]
 
     def live_room(self) -> int:
@@ -301,8 +309,8 @@ class RedisReplayStore(ReplayStore):
         groups = codec.decode_groups(payloads)
         return Claim(claim_id.decode(), groups, [int(age) for age in ages])
 
-    def ack(self, claim_id: str, new_version: int) -> None:
-        if self._run("ack", claim_id, int(new_version)) is None:
+    def ack(self, claim_id: str, new_version: int, commit: bool = False) -> None:
+        if self._run("ack", claim_id, int(new_version), int(commit)) is None:
             raise KeyError(f"unknown or already acknowledged claim {claim_id!r}")
 
     def commit(self, version: int) -> int:

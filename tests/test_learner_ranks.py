@@ -66,6 +66,7 @@ def _rank_main(rank: int, world: int, port: int, policy: str, run_dir: str, cfg_
                 "weights": full_state_dict(worker.engine),
                 "log_z": None if worker.log_z is None else worker.log_z.state_dict(),
                 "acked": None if ports is None else ports.store.stats().trained,
+                "retained": None if ports is None else ports.store.stats().retained,
                 "published": None if ports is None else ports.published[0]}, out)
 
 
@@ -121,6 +122,7 @@ def test_two_gloo_ranks_take_the_one_rank_update(tiny_policy, tmp_path) -> None:
         assert torch.equal(v, two[1]["weights"][k]), k
     # rank 0 alone claimed, acknowledged and published
     assert two[0]["acked"] == 2 and two[0]["published"] == 1 and two[1]["acked"] is None
+    assert two[0]["retained"] == 0  # checkpoint_every=0: acknowledged and forgotten in one call
 
 
 @pytest.mark.parametrize("zero_stage, micro_batch_size, mini_batches", [(2, 2, 2), (3, 1, 3)])

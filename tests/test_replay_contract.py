@@ -264,6 +264,19 @@ def test_acknowledged_groups_are_retained_until_a_checkpoint_commits_them(make_s
     assert (store.stats().retained, store.stats().trained) == (0, 4)
 
 
+def test_ack_with_commit_forgets_at_once_what_a_learner_without_checkpoints_trained(
+        make_store: MakeStore) -> None:
+    store = make_store()
+    for gid in "abcd":
+        store.put(make_group(gid))
+    store.ack(store.claim(2).claim_id, new_version=1)  # retained: a checkpoint may follow
+    store.ack(store.claim(2).claim_id, new_version=2, commit=True)  # no checkpoint: both go
+    s = store.stats()
+    assert (s.version, s.trained, s.retained, s.bytes, s.ready, s.claimed) == (2, 4, 0, 0, 0, 0)
+    assert store.commit(2) == 0
+    assert store.recover(checkpoint_version=2) == 0  # nothing left to deliver again
+
+
 def test_recover_to_a_checkpoint_redelivers_what_the_lost_updates_trained(make_store: MakeStore) -> None:
     # Claims: [a b] acked -> v1, [c d] acked -> v2, [e f] acked -> v3, [g] claimed, never acked.
     # The learner dies; its last checkpoint is v1. [a b] stays trained (committed), [c d] [e f]

@@ -272,6 +272,25 @@ def test_concurrent_producers_and_learner_agree(redis_server: RedisServer) -> No
     assert list(client.scan_iter(match=f"turnrl:{{{run}}}:g:*")) == []
 
 
+def test_a_put_payload_is_kept_without_expiry_and_its_staging_key_is_gone(
+        redis_server: RedisServer) -> None:
+    """put SETs its payload under a staging key with a TTL (so a producer killed before its
+    script runs leaves nothing for good) and the script renames it: the held payload must
+    have lost that TTL, or Redis would drop a group before the learner trained it."""
+    run = new_run_id()
+    store, client = open_store(redis_server.url, run), redis.Redis.from_url(redis_server.url)
+    assert [r.status for r in store.put_many([make_group("a"), make_group("b")])] == ["accepted"] * 2
+    assert client.ttl(f"turnrl:{{{run}}}:g:a") == -1 and client.ttl(f"turnrl:{{{run}}}:g:b") == -1
+    assert list(client.scan_iter(match=f"turnrl:{{{run}}}:stage:*")) == []
+    watcher = redis.Redis.from_url(redis_server.url, socket_timeout=10)
+    with watcher.monitor() as monitor:  # what the server was sent for the next put
+        store.put(make_group("c"))
+        while not (cmd := monitor.next_command()["command"]).startswith("SET turnrl:"):
+            pass
+    assert cmd.split()[1].startswith(f"turnrl:{{{run}}}:stage:")
+    assert cmd.split()[-2:] == ["EX", str(store._op_ttl)]  # so a staging key outlives no producer
+
+
 def test_a_new_store_object_recovers_a_dead_learners_claim(redis_server: RedisServer) -> None:
     run = new_run_id()
     first = open_store(redis_server.url, run)
@@ -315,7 +334,7 @@ def test_every_script_re_run_with_its_operation_id_changes_nothing(redis_server:
     assert store.stats().running == 0
     cid, gids, ages = twice("c1", lambda op: store._run("claim", 2, 1, 0, 0, op_id=op))
     assert (cid, gids, ages) == (b"c0", [b"a", b"b"], [0, 0])
-    assert twice("a1", lambda op: store._run("ack", "c0", 1, op_id=op)) == 2
+    assert twice("a1", lambda op: store._run("ack", "c0", 1, 0, op_id=op)) == 2
     assert twice("m1", lambda op: store._run("commit", 1, op_id=op)) == 2
     twice("c2", lambda op: store._run("claim", 1, 1, 0, 0, op_id=op))
     assert twice("v1", lambda op: store._run("recover", "", op_id=op)) == 1
@@ -326,13 +345,13 @@ def test_every_script_re_run_with_its_operation_id_changes_nothing(redis_server:
     assert list(client.scan_iter(match=f"turnrl:{{{run}}}:stage:*")) == []  # re-sent puts' staging
 
 
-@pytest.mark.parametrize("trigger", [b"EXEC", b"EVALSHA"])
+@pytest.mark.parametrize("trigger", [b"\r\nEVAL\r\n", b"EVALSHA"], ids=["put", "scripts"])
 def test_a_lost_reply_is_re_sent_and_applied_once(redis_server: RedisServer, trigger: bytes) -> None:
-    """A proxy drops the connection after Redis ran the command (put's MULTI/EXEC, or any
-    other script's EVALSHA) and before its reply: the production client re-sends it, gets
-    the first run's reply, and the store counts the operation once."""
+    """A proxy drops the connection after Redis ran the command (put's pipeline of SET and
+    EVAL, or any other script's EVALSHA) and before its reply: the production client re-sends
+    it, gets the first run's reply, and the store counts the operation once."""
     proxy, run = ReplyDroppingProxy(redis_server.port), new_run_id()
-    on_put, on_scripts = trigger == b"EXEC", trigger == b"EVALSHA"
+    on_put, on_scripts = trigger != b"EVALSHA", trigger == b"EVALSHA"
     try:
         store = open_store(proxy.url, run)
         if on_put:
