@@ -1,7 +1,7 @@
 """Replay store throughput: RedisReplayStore put+claim+ack against raw redis-py writes.
 
     .venv/bin/python bench/replay.py [--quick] [--groups N] [--batch B] [--appendfsync P]
-                                     [--no-json] [--single-puts]
+                                     [--repeats R] [--no-json] [--single-puts]
 
 Starts its own redis-server (loopback, data in a temporary directory, append-only file on with
 the embedded default ``appendfsync always`` unless told otherwise) and drives, round after
@@ -14,9 +14,11 @@ Each round is paired with a round of raw redis-py pipelined SETs of the same B p
 shared machine the raw rate alone swings 2x from minute to minute.
 
 One line per payload encoding (the binary record of replay/codec.py; with zlib; and the JSON
-the store wrote before, for comparison), and a last line with the codec taken out (records
+the store wrote before, for comparison), a line with the codec taken out (records
 encoded before the clock starts, claims not decoded: the store's Redis work alone, the most any
-encoding could reach), gives (``--single-puts`` adds both with one ``put`` per group):
+encoding could reach), then a line with a producer process and a learner process running at
+once (``--repeats`` raw/store block pairs), as a run places them, give (``--single-puts`` adds
+the first and the codec-out line with one ``put`` per group):
 
 - store groups/s (encoding, Lua scripts, reading back and decoding included) and raw
   pipelined SET groups/s of the same bytes (writes only), and their ratio (goal: >= 0.5);
