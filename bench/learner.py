@@ -9,6 +9,11 @@ dict, putting it into Ray's object store, writing a safetensors file.
 
     .venv/bin/python bench/learner.py --quick
     .venv/bin/python bench/learner.py --hidden 256 --layers 4 --groups 8
+    python bench/learner.py --device cuda --dtype bfloat16 --no-publish   # a GPU without Ray
+
+On ``--device cuda`` both run on the GPU (each moves its micro-batches there, as the learner
+does); with ``--dtype bfloat16`` the learner trains as DeepSpeed's bf16 does and the plain step
+under ``torch.autocast`` with fp32 weights, PyTorch's usual mixed precision.
 """
 
 from __future__ import annotations
@@ -57,18 +62,20 @@ def trajectories(args: argparse.Namespace, vocab: int) -> list[Trajectory]:
 class PlainStep:
     """The same update in plain PyTorch: no DeepSpeed, no learner bookkeeping."""
 
-    def __init__(self, model_path: str, cfg: LearnerConfig) -> None:
+    def __init__(self, model_path: str, cfg: LearnerConfig, device: torch.device) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.cfg = cfg
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
+        self.cfg, self.device = cfg, device
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).train()
+        self.autocast = torch.autocast(device.type, torch.bfloat16, enabled=cfg.dtype == "bfloat16")
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def step(self, tb: TokenBatch) -> None:
         rows, tokens = tb.input_ids.size(0), max(tb.num_tokens, 1.0)
         for a in range(0, rows, self.cfg.micro_batch_size):
-            mb = tb.rows(a, a + self.cfg.micro_batch_size)
-            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
+            mb = tb.rows(a, a + self.cfg.micro_batch_size).to(self.device)
+            with self.autocast:
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
             logp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
             inputs = LossInputs(logprobs=logp, old_logprobs=logp.detach(), behaviour_logprobs=mb.behaviour,
                                 advantages=mb.advantages, mask=mb.loss_mask, turn_ids=mb.turn_ids)
@@ -77,6 +84,13 @@ class PlainStep:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # the step's time, not the time to queue its kernels
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -91,12 +105,12 @@ def bench_update(model_path: str, trajs: list[Trajectory], cfg: LearnerConfig, r
 
     worker = LearnerWorker(cfg, model_path, tempfile.mkdtemp(), ports=None, group_size=group_size,
                            temperature=1.0)
-    plain = PlainStep(model_path, cfg)
+    plain = PlainStep(model_path, cfg, worker.device)
     trajs_sorted, res, mask = worker._all_advantages(trajs)
     tb = build_token_batch(trajs_sorted, res.advantages, mask, worker.tokenizer.pad_token_id)
     learner_s, plain_s = [], []
     for i in range(repeats + 1):  # the first round warms both up and is not counted
-        t_learner = timed(lambda: worker._update(trajs))
+        t_learner = timed(lambda: (worker._update(trajs), synchronize(worker.device)))
         t_plain = timed(lambda: plain.step(tb))
         if i:
             learner_s.append(t_learner)
@@ -153,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--zero-stage", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--no-publish", action="store_true", help="skip the publish costs (they need Ray)")
     p.add_argument("--quick", action="store_true", help="a small model and batch, 3 repeats (seconds)")
     args = p.parse_args(argv)
     if args.quick:
@@ -164,14 +181,16 @@ def main(argv: list[str] | None = None) -> None:
                                       layers=args.layers, max_positions=2048)
         params = sum(p.numel() for p in model.parameters())
         cfg = LearnerConfig(batch_groups=args.groups, micro_batch_size=args.micro_batch_size,
-                            zero_stage=args.zero_stage, torch_threads=args.threads)
+                            zero_stage=args.zero_stage, torch_threads=args.threads, device=args.device,
+                            dtype=args.dtype, num_gpus=1.0 if args.device == "cuda" else 0.0)
         res = bench_update(tmp, trajectories(args, len(tok)), cfg, args.repeats, args.group_size)
         print(f"model: {params / 1e6:.2f}M parameters; batch: {res['rows']:.0f} rows, "
-              f"{res['tokens']:.0f} trained tokens; ZeRO {args.zero_stage}, {args.threads} threads")
+              f"{res['tokens']:.0f} trained tokens; ZeRO {args.zero_stage}, {args.threads} threads, "
+              f"{args.device}, {args.dtype}")
         print(f"learner update (DeepSpeed, LearnerWorker._update): {res['learner_s'] * 1e3:8.1f} ms")
         print(f"plain PyTorch step (forward, loss, backward, AdamW): {res['plain_s'] * 1e3:8.1f} ms")
         print(f"ratio learner/plain: {res['learner_s'] / res['plain_s']:.2f}x (goal <= 1.3x)")
-        for name, secs, nbytes in bench_publish(res["worker"], 4 * args.repeats):
+        for name, secs, nbytes in [] if args.no_publish else bench_publish(res["worker"], 4 * args.repeats):
             print(f"{name:38s} {secs * 1e3:8.2f} ms  {nbytes / 1e6:.2f} MB  {nbytes / secs / 1e9:6.2f} GB/s  "
                   f"{secs / res['learner_s'] * 100:5.1f}% of an update")
 
