@@ -2,6 +2,7 @@
 ``model.generate``, side by side in one run.
 
     .venv/bin/python bench/engines.py [--quick] [--batch B] [--requests R] [--max-new-tokens T] [--no-vllm]
+                                      [--device cuda] [--no-updates]
 
 Same model (the tiny warm-started policy of bench/serving.py), the same search-QA prompts, the
 same sampling (temperature 0.7, top-p 1, at most T new tokens, stopping at end-of-turn):
@@ -22,7 +23,8 @@ same sampling (temperature 0.7, top-p 1, at most T new tokens, stopping at end-o
    has none, so it is not printed.
 
 Tokens are counted as generated (rows that stop early stop counting), so both sides are
-charged for the padding rows they carry.
+charged for the padding rows they carry. ``--device cuda`` puts ``generate``'s model and the HF
+engine on the GPU (vLLM picks its own device); ``--no-updates`` leaves part 4 out (it needs Ray).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def generate_batch(model: Any, tok: Any, batch: list[list[int]], max_new: int) -
     """One ``model.generate`` call on ``batch`` (left-padded); returns tokens generated."""
     pad = tok.pad_token_id or 0
     width = max(len(p) for p in batch)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=model.device)
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new, do_sample=True,
                              temperature=TEMPERATURE, top_p=1.0, top_k=0, pad_token_id=pad,
@@ -101,11 +103,11 @@ def timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def engine_config(kind: str, max_batch: int) -> Any:
+def engine_config(kind: str, max_batch: int, device: str = "cpu") -> Any:
     from rollout.config import HFEngineConfig, VLLMEngineConfig
 
     if kind == "hf":
-        return HFEngineConfig(max_batch=max_batch, torch_threads=2)
+        return HFEngineConfig(max_batch=max_batch, torch_threads=2, device=device)
     return VLLMEngineConfig(max_num_seqs=max_batch, torch_threads=2, max_model_len=2048)
 
 
@@ -165,7 +167,7 @@ def broadcast_sender(init: dict, state: dict, layout: list, times: int) -> None:
 
 
 def run_side(side: str, policy: str, batch: int, requests: int, max_new: int,
-             repeats: int) -> dict[str, Any]:
+             repeats: int, device: str = "cpu", updates: bool = True) -> dict[str, Any]:
     """Everything measured of one side, in this (fresh) process: per phase ("batch", "load")
     the (tokens, seconds, request latencies) of its best repeat, and for an engine its weight
     updates ("updates"). Each side gets a process of its own because torch's OpenMP workers
@@ -181,12 +183,12 @@ def run_side(side: str, policy: str, batch: int, requests: int, max_new: int,
     prompts = prompts_of(policy, source, max(batch, requests))
     tok = AutoTokenizer.from_pretrained(policy)
     if side == "generate":
-        model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to(device).eval()
         generate_batch(model, tok, prompts[:2], 4)  # warm up
         phases = {"batch": lambda: (generate_batch(model, tok, prompts[:batch], max_new), []),
                   "load": lambda: plain_server(model, tok, prompts[:requests], max_new)}
     else:
-        client = local_client(engine_config(side, batch), policy)
+        client = local_client(engine_config(side, batch, device), policy)
         asyncio.run(engine_requests(client, prompts[:2], 4))  # warm up
         phases = {"batch": lambda: asyncio.run(engine_requests(client, prompts[:batch], max_new)),
                   "load": lambda: asyncio.run(engine_requests(client, prompts[:requests], max_new))}
@@ -196,7 +198,8 @@ def run_side(side: str, policy: str, batch: int, requests: int, max_new: int,
         (tokens, latency), seconds = max(runs, key=lambda r: r[0][0] / r[1])
         out[phase] = (tokens, seconds, latency)
     if side != "generate":
-        out["updates"] = run_transports(client, policy, repeats)
+        if updates:
+            out["updates"] = run_transports(client, policy, repeats)
         asyncio.run(client.engine.close())
     return out
 
@@ -228,6 +231,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3, help="equal-batch runs per side (best kept)")
     p.add_argument("--no-vllm", action="store_true", help="leave the vLLM engine out (not installed)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where generate and the HF engine run")
+    p.add_argument("--no-updates", action="store_true", help="leave the weight updates out (they need Ray)")
     args = p.parse_args()
     if args.quick:
         args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 3
@@ -235,7 +240,8 @@ def main() -> None:
     engines = ["hf"] if args.no_vllm else ["hf", "vllm"]
     res, updates = {}, {}
     for side in ("generate", *engines):
-        out = in_fresh_process(run_side, side, policy, args.batch, args.requests, args.max_new_tokens, args.repeats)
+        out = in_fresh_process(run_side, side, policy, args.batch, args.requests, args.max_new_tokens,
+                               args.repeats, args.device, not args.no_updates)
         res |= {(side, phase): out[phase] for phase in ("batch", "load")}
         if "updates" in out:
             updates[side] = out["updates"]
@@ -247,7 +253,7 @@ def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
     q = lambda xs, k: statistics.quantiles(xs, n=100)[k - 1] if len(xs) > 1 else xs[0]  # noqa: E731
     name = {"generate": "model.generate", "hf": "HF engine", "vllm": "vLLM engine"}
     print(f"\nengines: tiny policy, temperature {TEMPERATURE}, <= {args.max_new_tokens} new tokens, 2 torch "
-          "threads, each side in its own process")
+          f"threads, each side in its own process, on {args.device}")
     print(f"1. equal batch of {args.batch}: " + ", ".join(f"{name[s]} {tps[s, 'batch']:.0f} tok/s"
                                                           for s in ("generate", *engines)))
     for s in engines:
@@ -262,6 +268,8 @@ def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
     per = {side: 1e3 / tps[side, "batch"] for side in ("hf", "generate")}
     print(f"3. per-token overhead at batch {args.batch}: HF engine {per['hf']:.3f} ms/token, generate "
           f"{per['generate']:.3f} ms/token, the engine adds {per['hf'] - per['generate']:+.3f} ms/token")
+    if args.no_updates:
+        return
     print("4. weight update latency (best of the repeats; bytes of the tied-once state dict):")
     for kind in engines:
         for transport, nbytes, seconds in updates[kind]:

@@ -2,6 +2,8 @@
 engine (vLLM's CPU build here) run the same tests in-process through ``LocalEngineClient``
 (generate, stream, abort, pause/resume, log-probs against a plain forward pass, a weight update
 during a long generation that records both versions); the HF engine group also runs on Ray.
+Where a GPU is visible the HF engine runs them again on ``cuda`` (marked gpu), against the same
+plain forward pass on the CPU.
 
 One engine per kind serves the whole module (a vLLM engine takes ~20 s to start); before each
 test the policy's own weights are loaded as a new version, so every test starts from the same
@@ -28,7 +30,10 @@ from learner.deepspeed_setup import free_port
 # test_greedy_stream_equals_generate), so every control action lands mid-generation.
 PROMPT = [5, 6, 7]
 LONG = SamplingParams(temperature=0.0, max_new_tokens=64)
-CONFIGS = {"hf": HFEngineConfig(), "vllm": VLLMEngineConfig(max_model_len=512)}
+CONFIGS = {"hf": HFEngineConfig(), "vllm": VLLMEngineConfig(max_model_len=512),
+           "hf-cuda": HFEngineConfig(device="cuda")}
+ENGINES = ["hf", "vllm", pytest.param("hf-cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])]
 
 
 def _run(coro):
@@ -40,10 +45,11 @@ def policy_state(tiny_policy) -> dict[str, torch.Tensor]:
     return _local_state(tiny_policy[0])
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=ENGINES)
 def engine_client(request, tiny_policy):
+    """(engine kind, its client): ``hf-cuda`` is the HF engine, so it is of kind ``hf``."""
     client = local_client(CONFIGS[request.param], tiny_policy[0], seed=0)
-    yield request.param, client
+    yield request.param.removesuffix("-cuda"), client
     _run(client.engine.close())
     if request.param == "vllm":
         # Nothing keeps vLLM's engine past close(): one left for interpreter exit is shut down

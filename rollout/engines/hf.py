@@ -139,7 +139,8 @@ class HFEngine(Engine):
         """Batches queued or decoding: while any is, staged weights load at its step boundaries
         (a load queued behind a batch held by a pause would wait for the resume)."""
         self._decodes_lock = threading.Lock()
-        self._gen = torch.Generator().manual_seed(seed)
+        # On the model's device: sampling draws its noise there (a CPU generator fails on cuda).
+        self._gen = torch.Generator(device=self.model.device).manual_seed(seed)
         self._sdpa = self.model.config._attn_implementation == "sdpa"
         # Every batch decodes on this one thread: torch's OpenMP workers belong to the thread
         # that calls into torch, and a fresh thread per batch (asyncio.to_thread under a new
