@@ -8,13 +8,16 @@ first ``--warmup`` steps of each mode (one-time costs; async's pipeline fill); t
 "all steps" column counts every step from the run's start.
 
 Both modes run with the same core split: generation (engine and rollout actors) on the first
-half of this machine's cores, the learner on the other half with everything else the run
-starts (Ray, driver, reward, environments, replay: ``cluster.cpu_affinity``), so async can
-overlap the two instead of time-sharing the same cores. The glue goes with the learner because
-in async generation is the side that limits (it was: g > t here), and the learner's side has
-slack while it waits for data; with the glue on the generation cores async's generation
-took 1.96 s a step against sync's 1.36 s (2026-11-26, ``--set cluster.cpu_affinity=[0]``).
-``--shared-cores`` runs both modes unpinned instead.
+half of this machine's cores, the learner on the other half, so async can overlap the two
+instead of time-sharing the same cores. Everything else the run starts (Ray, driver, reward,
+environments, replay: ``cluster.cpu_affinity``) goes with the faster side, which has slack in
+async while the slower one limits: ``--glue auto`` (the default) first runs a short sync probe
+with the glue on the learner's cores and moves it to the generation cores when training is
+the slower side (t > g). With generation the slower side (g > t, 2026-11-26) the glue on the
+generation cores had made async's generation take 1.96 s a step against sync's 1.36 s; with
+training the slower (t > g, 2026-11-27) the glue on the learner's cores made async's updates
+17% slower than sync's and async reached 0.83 of the ideal. ``--glue learner|generation``
+fixes the side; ``--shared-cores`` runs both modes unpinned instead.
 
 Async runs two batches deep: ``replay.eta=2`` and two batches' groups in flight per rollout
 actor (``rollout.groups_in_flight``, 8 on the demo) unless ``--depth 1`` (the demo's own
@@ -34,7 +37,7 @@ which no overlap can make up for. The ratio then measures the runs' workloads as
 overlap.
 
     python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--quick] [--learn]
-                             [--shared-cores] [--depth 2] [--set k=v ...]
+                             [--shared-cores | --glue auto|learner|generation] [--depth 2] [--set k=v ...]
 """
 
 from __future__ import annotations
@@ -58,15 +61,15 @@ QUICK = ["policy.sft.steps=30", "policy.tiny.hidden_size=64", "policy.tiny.num_l
          "env.max_train_pairs=null", "policy.sft.env={}"]
 
 
-def core_split() -> list[str]:
-    """Overrides giving generation and training disjoint halves of this process's cores."""
-    cores = sorted(os.sched_getaffinity(0))
+def core_split(glue: str, cores: list[int]) -> list[str]:
+    """Overrides giving generation and training disjoint halves of ``cores``, and everything
+    else (Ray, driver, reward, envs, replay) those of ``glue`` ("learner" or "generation");
+    both modes run on it alike."""
     if len(cores) < 2:
         raise SystemExit("a core split needs two cores; run with --shared-cores")
     gen, train = cores[: len(cores) // 2], cores[len(cores) // 2:]
-    # Everything but generation (Ray, driver, reward, envs, replay) goes with the learner: in
-    # both modes alike, so the two run on the same split.
-    return [f"cluster.cpu_affinity={train}", f"rollout.engine.cpu_affinity={gen}", f"rollout.cpu_affinity={gen}",
+    rest = train if glue == "learner" else gen
+    return [f"cluster.cpu_affinity={rest}", f"rollout.engine.cpu_affinity={gen}", f"rollout.cpu_affinity={gen}",
             f"rollout.engine.torch_threads={len(gen)}", f"learner.cpu_affinity={train}",
             f"learner.torch_threads={len(train)}"]
 
@@ -81,21 +84,23 @@ def pipeline_depth(cfg_path: str, overrides: list[str], batches: int) -> list[st
     return [f"replay.eta={batches}", f"rollout.groups_in_flight={batches * per_batch}"]
 
 
-def mode_config(cfg_path: str, overrides: list[str], mode: str, steps: int) -> Any:
-    """The RunConfig of one mode (``sync`` or ``async``)."""
+def mode_config(cfg_path: str, overrides: list[str], mode: str, steps: int, label: str = "") -> Any:
+    """The RunConfig of one mode (``sync`` or ``async``), in the run dir of ``label`` (the mode's
+    name unless given)."""
     from cluster.config import load_config
 
     return load_config(cfg_path, [*overrides, f"train.async={'true' if mode == 'async' else 'false'}",
                                   f"train.steps={steps}", "eval.num_tasks=0", "progress=none",
-                                  f"name=bench-pipeline-{mode}", "output_dir=runs/bench"])
+                                  f"name=bench-pipeline-{label or mode}", "output_dir=runs/bench"])
 
 
-def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int) -> dict[str, float]:
+def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int,
+        label: str = "") -> dict[str, float]:
     """One mode's throughput over its steps after ``warmup`` (from the metrics' step clock)."""
     from cluster.driver import train
 
-    cfg = mode_config(cfg_path, overrides, mode, steps)
-    result = train(cfg, on_stage=lambda s: print(f"  [{mode}] {s}", flush=True))
+    cfg = mode_config(cfg_path, overrides, mode, steps, label)
+    result = train(cfg, on_stage=lambda s: print(f"  [{label or mode}] {s}", flush=True))
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()][-steps:]
     # The first step pays one-time costs (kernels, allocator, DeepSpeed's first step: ~4 s here,
     # in both modes) and async's pipeline fill; the steady state after it is what overlap buys.
@@ -117,6 +122,17 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int)
     return out
 
 
+def probe_glue(args: argparse.Namespace, base: list[str], cores: list[int]) -> tuple[str, dict[str, float]]:
+    """A short sync run with the glue on the learner's cores; the glue belongs with the faster
+    side ("generation" when training is the slower, else "learner") and the probe's numbers."""
+    import ray
+
+    probe = run(args.config, base + core_split("learner", cores) + args.overrides, "sync", args.probe_steps, 1,
+                label="probe")
+    ray.shutdown()  # the modes' runs start their cluster afresh, pinned where their glue goes
+    return ("generation" if probe["t"] > probe["g"] else "learner"), probe
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=DEMO)
@@ -127,6 +143,10 @@ def main() -> int:
                     help="first steps of each mode left out of samples/s, g and t (one-time costs)")
     ap.add_argument("--quick", action="store_true", help="tiny model and world (a smoke run)")
     ap.add_argument("--shared-cores", action="store_true", help="no core split: every actor on every core")
+    ap.add_argument("--glue", choices=["auto", "learner", "generation"], default="auto",
+                    help="whose cores run everything but generation and training; auto: the faster "
+                         "side's, from a short sync probe")
+    ap.add_argument("--probe-steps", type=int, default=6, help="sync steps of --glue auto's probe")
     ap.add_argument("--learn", action="store_true",
                     help="keep the config's learning rate (default 0: both modes sample one policy)")
     ap.add_argument("--depth", type=int, default=2,
@@ -135,13 +155,19 @@ def main() -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    split = [] if args.shared_cores else core_split()
-    frozen = [] if args.learn else ["learner.lr=0"]
-    overrides = (QUICK if args.quick else []) + split + frozen
-    depth = pipeline_depth(args.config, overrides + args.overrides, args.depth)
-    overrides += depth + args.overrides
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup {args.warmup} must be >= 0 and below --steps {args.steps}")
+    base = (QUICK if args.quick else []) + ([] if args.learn else ["learner.lr=0"])
+    # Taken before any run: a run pins this process (the driver) to the glue's cores.
+    cores, glue = sorted(os.sched_getaffinity(0)), args.glue
+    if glue == "auto" and not args.shared_cores:
+        glue, probe = probe_glue(args, base, cores)
+        print(f"glue probe ({args.probe_steps} sync steps, glue with the learner): g = {probe['g']:.2f}s/step, "
+              f"t = {probe['t']:.2f}s/step: the glue goes with the {glue}", flush=True)
+    split = [] if args.shared_cores else core_split(glue, cores)
+    overrides = base + split
+    depth = pipeline_depth(args.config, overrides + args.overrides, args.depth)
+    overrides += depth + args.overrides
     sync = run(args.config, overrides, "sync", args.steps, args.warmup)
     asyn = run(args.config, overrides, "async", args.steps, args.warmup)
     ideal = (sync["g"] + sync["t"]) / max(sync["g"], sync["t"])

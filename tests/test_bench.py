@@ -78,6 +78,27 @@ def test_warm_start_demo_config_builds() -> None:
     _splits_build(load_config(str(ROOT / "configs" / "demo.yaml"), []))
 
 
+def test_pipeline_puts_the_glue_on_the_side_named() -> None:
+    """Generation and training keep their halves of the cores either way; Ray, the driver and
+    the services (cluster.cpu_affinity) follow the side named, and the config loads."""
+    import os
+
+    from cluster.config import load_config
+
+    pipeline = _bench("pipeline")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("a core split needs two cores")
+    gen, train = str(cores[: len(cores) // 2]), str(cores[len(cores) // 2:])
+    split = {glue: dict(o.split("=", 1) for o in pipeline.core_split(glue, cores)) for glue in ("learner", "generation")}
+    assert split["learner"]["cluster.cpu_affinity"] == train and split["generation"]["cluster.cpu_affinity"] == gen
+    for side in split.values():
+        assert (side["rollout.engine.cpu_affinity"], side["rollout.cpu_affinity"], side["learner.cpu_affinity"]) == (
+            gen, gen, train)
+    cfg = load_config(pipeline.DEMO, pipeline.QUICK + pipeline.core_split("generation", cores))
+    assert cfg.cluster.cpu_affinity == cores[: len(cores) // 2]
+
+
 def test_pipeline_runs_async_two_batches_deep_on_any_config() -> None:
     pipeline = _bench("pipeline")
     assert pipeline.pipeline_depth(pipeline.DEMO, [], 2) == ["replay.eta=2", "rollout.groups_in_flight=8"]
