@@ -135,8 +135,11 @@ class RunActors:
     run_id: str = ""
 
     def all(self) -> list[Any]:
-        return [self.replay, self.broker, self.reward, *self.rollouts, *self.learner.ranks, *self.envs,
-                *self.engines, *([self.gateway] if self.gateway is not None else [])]
+        """Every actor of the run, callers before what they call (the order they are killed
+        in): an engine killed after the weight broker would log its weight poll's
+        ActorDiedError, a traceback at the end of a run that went well. Replay comes last."""
+        return [*([self.gateway] if self.gateway is not None else []), *self.rollouts, *self.engines,
+                *self.learner.ranks, self.reward, *self.envs, self.broker, self.replay]
 
     def release(self) -> None:
         """Kill every actor of the run and free the learner's placement group. Replay goes
