@@ -59,6 +59,12 @@ def trajectories(args: argparse.Namespace, vocab: int) -> list[Trajectory]:
     return out
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued kernels: a step's time, not the time to queue them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 class PlainStep:
     """The same update in plain PyTorch: no DeepSpeed, no learner bookkeeping."""
 
@@ -84,13 +90,7 @@ class PlainStep:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()  # the step's time, not the time to queue its kernels
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+        synchronize(self.device)
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -261,7 +261,7 @@ def deployed(url: str, n: int, batch: int, repeats: int) -> str:
     payloads = [redis_store.encode_group(g, False)[0] for g in make_groups(n)]
     raw_client = redis_store.connect(url, deployed_cfg(url, batch))
     totals = Totals()
-    for r in range(repeats):
+    for _ in range(repeats):
         totals.raw_s += sum(raw_round(raw_client, payloads[i:i + batch], i) for i in range(0, n, batch))
         run_id, start, out = f"deployed-{time.time_ns()}", ctx.Barrier(3), ctx.Queue()
         procs = [ctx.Process(target=produce, args=(url, run_id, n, batch, start)),
