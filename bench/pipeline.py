@@ -1,11 +1,15 @@
 """Async vs sync training throughput, measured side by side in one process tree.
 
-Runs the same config twice on one Ray cluster -- ``train.async=false`` (generate, then train)
-and ``train.async=true`` (rollout actors run ahead under the staleness bound) -- and prints
-samples/s of each, their ratio, and the ideal ratio (g + t) / max(g, t) from the generation
-time g and training time t measured per step in the sync run. Rates, g and t leave out the
-first ``--warmup`` steps of each mode (one-time costs; async's pipeline fill); the
-"all steps" column counts every step from the run's start.
+Runs the same config in sync mode (``train.async=false``: generate, then train) and async mode
+(``train.async=true``: rollout actors run ahead under the staleness bound), ``--pairs`` times
+alternated (sync first, then async first, ...), and prints samples/s of each, their ratio, and
+the ideal ratio (g + t) / max(g, t) from the generation time g and training time t measured
+per step in the pair's sync run; then each pair's share of the ideal and their median. Rates,
+g and t leave out the first ``--warmup`` steps of each run (one-time costs; async's pipeline
+fill); the "all steps" column counts every step from the run's start. One pair is not a
+measurement on this 2-core VM: its speed drifts 10-20% from minute to minute, and a 24-step
+run's batches come out ~6% wider or narrower by chance (a step trains for as long as its
+longest row), so single pairs of one build ranged 0.81-1.16 of the ideal on 2026-11-27.
 
 Both modes run with the same core split: generation (engine and rollout actors) on the first
 half of this machine's cores, the learner on the other half, so async can overlap the two
@@ -17,7 +21,11 @@ the slower side (t > g). With generation the slower side (g > t, 2026-11-26) the
 generation cores had made async's generation take 1.96 s a step against sync's 1.36 s; with
 training the slower (t > g, 2026-11-27) the glue on the learner's cores made async's updates
 17% slower than sync's and async reached 0.83 of the ideal. ``--glue learner|generation``
-fixes the side; ``--shared-cores`` runs both modes unpinned instead.
+fixes the side; ``--glue split`` puts Ray and the driver with generation and the run's
+services (reward, replay, weight broker: ``cluster.services_cpu_affinity``) with the learner;
+``--shared-cores`` runs both modes unpinned instead. The "engine s" column is the seconds the
+engines spent decoding per step: near g when generation limits, and higher in async than in
+sync when the glue shares the engine's core (docs/cluster.md).
 
 Async runs two batches deep: ``replay.eta=2`` and two batches' groups in flight per rollout
 actor (``rollout.groups_in_flight``, 8 on the demo) unless ``--depth 1`` (the demo's own
@@ -36,8 +44,9 @@ demo model, async's batches averaged 283 tokens wide against sync's 235 in one p
 which no overlap can make up for. The ratio then measures the runs' workloads as much as the
 overlap.
 
-    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--quick] [--learn]
-                             [--shared-cores | --glue auto|learner|generation] [--depth 2] [--set k=v ...]
+    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--pairs 3] [--quick]
+                             [--learn] [--shared-cores | --glue auto|learner|generation|split] [--depth 2]
+                             [--set k=v ...]
 """
 
 from __future__ import annotations
@@ -63,15 +72,17 @@ QUICK = ["policy.sft.steps=30", "policy.tiny.hidden_size=64", "policy.tiny.num_l
 
 def core_split(glue: str, cores: list[int]) -> list[str]:
     """Overrides giving generation and training disjoint halves of ``cores``, and everything
-    else (Ray, driver, reward, envs, replay) those of ``glue`` ("learner" or "generation");
-    both modes run on it alike."""
+    else those of ``glue``: "learner" or "generation" put Ray, the driver and the run's
+    services (reward, replay, weight broker) there; "split" puts Ray and the driver with
+    generation and the services with the learner. Both modes run on it alike."""
     if len(cores) < 2:
         raise SystemExit("a core split needs two cores; run with --shared-cores")
     gen, train = cores[: len(cores) // 2], cores[len(cores) // 2:]
     rest = train if glue == "learner" else gen
-    return [f"cluster.cpu_affinity={rest}", f"rollout.engine.cpu_affinity={gen}", f"rollout.cpu_affinity={gen}",
-            f"rollout.engine.torch_threads={len(gen)}", f"learner.cpu_affinity={train}",
-            f"learner.torch_threads={len(train)}"]
+    services = [f"cluster.services_cpu_affinity={train}"] if glue == "split" else []
+    return [f"cluster.cpu_affinity={rest}", *services, f"rollout.engine.cpu_affinity={gen}",
+            f"rollout.cpu_affinity={gen}", f"rollout.engine.torch_threads={len(gen)}",
+            f"learner.cpu_affinity={train}", f"learner.torch_threads={len(train)}"]
 
 
 def pipeline_depth(cfg_path: str, overrides: list[str], batches: int) -> list[str]:
@@ -114,7 +125,9 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int,
            "turns": statistics.mean(r["rollout/turns_mean"] for r in timed),
            # the engine's decode steps a training step and their rows (HF engine only)
            "decode_steps": statistics.mean(r.get("engine/decode_steps", 0.0) for r in timed),
-           "rows": statistics.mean(r.get("engine/rows_per_decode_step", 0.0) for r in timed)}
+           "rows": statistics.mean(r.get("engine/rows_per_decode_step", 0.0) for r in timed),
+           # seconds the engines decoded a step: near g when generation is busy, less when starved
+           "busy": statistics.mean(r.get("engine/busy_s", 0.0) for r in timed)}
     out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
     out["step"] = statistics.mean(r["time/step_s"] for r in timed)
     if mode == "sync":
@@ -143,7 +156,7 @@ def main() -> int:
                     help="first steps of each mode left out of samples/s, g and t (one-time costs)")
     ap.add_argument("--quick", action="store_true", help="tiny model and world (a smoke run)")
     ap.add_argument("--shared-cores", action="store_true", help="no core split: every actor on every core")
-    ap.add_argument("--glue", choices=["auto", "learner", "generation"], default="auto",
+    ap.add_argument("--glue", choices=["auto", "learner", "generation", "split"], default="auto",
                     help="whose cores run everything but generation and training; auto: the faster "
                          "side's, from a short sync probe")
     ap.add_argument("--probe-steps", type=int, default=6, help="sync steps of --glue auto's probe")
@@ -152,8 +165,15 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=2,
                     help="batches async may generate ahead of the learner (replay.eta, with a batch's "
                          "groups in flight for each); the demo's config runs 1")
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="sync/async pairs of runs, alternated; the bench reports each pair's share of "
+                         "the ideal and their median (default 3; 1 with --quick)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
+    if args.pairs is None:
+        args.pairs = 1 if args.quick else 3
+    if args.pairs < 1:
+        raise SystemExit(f"--pairs {args.pairs} must be at least 1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup {args.warmup} must be >= 0 and below --steps {args.steps}")
@@ -168,28 +188,50 @@ def main() -> int:
     overrides = base + split
     depth = pipeline_depth(args.config, overrides + args.overrides, args.depth)
     overrides += depth + args.overrides
-    sync = run(args.config, overrides, "sync", args.steps, args.warmup)
-    asyn = run(args.config, overrides, "async", args.steps, args.warmup)
-    ideal = (sync["g"] + sync["t"]) / max(sync["g"], sync["t"])
+    pairs = []
+    for i in range(args.pairs):
+        # Alternated (sync first, then async first, ...): this VM's speed drifts by 10-20%
+        # from minute to minute, so the run that always went second would carry the drift.
+        order = ("sync", "async") if i % 2 == 0 else ("async", "sync")
+        pairs.append({mode: run(args.config, overrides, mode, args.steps, args.warmup) for mode in order})
     affinity = [o for o in split + args.overrides if "affinity" in o]
     print(f"\ncores: {'shared' if args.shared_cores else ' '.join(affinity)}")
     print(f"async depth: {' '.join(depth + [o for o in args.overrides if 'eta' in o or 'in_flight' in o])}")
     print(f"weights: {'learning at the config lr' if args.learn else 'lr 0, one policy for both modes'}")
     print(f"steps per mode: {args.steps}, the first {args.warmup} left out of the rates; "
-          f"generation g = {sync['g']:.2f}s/step, training t = {sync['t']:.2f}s/step")
-    print(f"{'mode':<8}{'samples/s':>12}{'all steps':>12}{'train s':>10}{'row width':>11}{'turns':>7}"
-          f"{'decode steps':>14}{'rows each':>11}")
-    for name, res in (("sync", sync), ("async", asyn)):
-        print(f"{name:<8}{res['samples_per_s']:>12.2f}{res['all_samples_per_s']:>12.2f}{res['train_s']:>10.1f}"
-              f"{res['width']:>11.1f}{res['turns']:>7.2f}{res['decode_steps']:>14.1f}{res['rows']:>11.1f}")
-    ratio = asyn["samples_per_s"] / sync["samples_per_s"]
-    print(f"async/sync ratio: {ratio:.2f}   ideal (g+t)/max(g,t): {ideal:.2f}   "
-          f"share of ideal: {ratio / ideal:.2f} (goal >= 0.9)")
-    # Where async's share went: waiting for data is overlap lost; a slower update is either the
-    # learner's core doing other work or wider batches (row width above), which is workload
-    print(f"learner: sync updates {sync['t']:.2f} s/step; async updates {asyn['t']:.2f} s/step and waits "
-          f"{asyn['step'] - asyn['t']:.2f} s/step for data (busy {asyn['t'] / asyn['step']:.0%} of its steps)")
+          f"{args.pairs} pair(s) of runs, alternated")
+    print_pairs(pairs)
     return 0
+
+
+def share_of_ideal(sync: dict[str, float], asyn: dict[str, float]) -> tuple[float, float, float]:
+    """(async/sync ratio, ideal (g + t) / max(g, t) from the sync run, their quotient)."""
+    ideal = (sync["g"] + sync["t"]) / max(sync["g"], sync["t"])
+    ratio = asyn["samples_per_s"] / sync["samples_per_s"]
+    return ratio, ideal, ratio / ideal
+
+
+def print_pairs(pairs: list[dict[str, dict[str, float]]]) -> None:
+    """A row per run, each pair's share of the ideal, and their median."""
+    print(f"{'pair':<5}{'mode':<7}{'samples/s':>10}{'all steps':>10}{'train s':>9}{'g s':>6}{'t s':>6}"
+          f"{'wait s':>7}{'row width':>10}{'turns':>6}{'decode steps':>13}{'rows each':>10}{'engine s':>9}")
+    for i, pair in enumerate(pairs):
+        for name in ("sync", "async"):
+            res = pair[name]
+            g = f"{res['g']:.2f}" if "g" in res else "-"
+            print(f"{i + 1:<5}{name:<7}{res['samples_per_s']:>10.2f}{res['all_samples_per_s']:>10.2f}"
+                  f"{res['train_s']:>9.1f}{g:>6}{res['t']:>6.2f}{res['step'] - res['t']:>7.2f}{res['width']:>10.1f}"
+                  f"{res['turns']:>6.2f}{res['decode_steps']:>13.1f}{res['rows']:>10.1f}{res['busy']:>9.2f}")
+    shares = []
+    for i, pair in enumerate(pairs):
+        ratio, ideal, share = share_of_ideal(pair["sync"], pair["async"])
+        shares.append(share)
+        # Where a pair's share went: async waiting for data is overlap lost; slower async
+        # updates are the learner's core doing other work, or wider batches (row width above)
+        print(f"pair {i + 1}: async/sync ratio {ratio:.2f}, ideal (g+t)/max(g,t) {ideal:.2f}, share of ideal "
+              f"{share:.2f}; async's learner busy {pair['async']['t'] / pair['async']['step']:.0%} of its steps")
+    print(f"share of ideal, median of {len(shares)} alternated pair(s): {statistics.median(shares):.2f} "
+          f"(goal >= 0.9; pairs {' '.join(f'{s:.2f}' for s in shares)})")
 
 
 if __name__ == "__main__":

@@ -269,6 +269,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         wait_ready([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
                     *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]], cfg.progress == "bar")
         pin(rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
+        pin_services(cfg, started)
         if cfg.live.enabled:
             from cluster.live import start_gateway
 
@@ -279,6 +280,12 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     record_placement(started, run_dir)
     publish_targets(started, run_dir, run_id)
     return started
+
+
+def pin_services(cfg: RunConfig, actors: RunActors) -> None:
+    """The replay host, weight broker and reward front on ``cluster.services_cpu_affinity``."""
+    pin([actors.replay, actors.broker, actors.reward], cfg.cluster.services_cpu_affinity,
+        "cluster.services_cpu_affinity")
 
 
 def wait_ready(refs: list[Any], show: bool) -> None:
@@ -313,6 +320,7 @@ def after_restart(cfg: RunConfig, actors: RunActors) -> None:
     did once: rollout ``cpu_affinity`` (the learner's is set by ``make_learner``),
     placement.json and the Prometheus targets."""
     pin(actors.rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
+    pin_services(cfg, actors)
     record_placement(actors, actors.run_dir)
     publish_targets(actors, actors.run_dir, actors.run_id)
 
@@ -322,7 +330,7 @@ def record_placement(actors: RunActors, run_dir: str) -> dict[str, list[dict[str
     each of the run's actors, by role, so an operator (and the tests) see where resources and
     ``cpu_affinity`` put them."""
 
-    roles = {"replay": [actors.replay], "reward": [actors.reward], "rollout": actors.rollouts,
+    roles = {"replay": [actors.replay], "broker": [actors.broker], "reward": [actors.reward], "rollout": actors.rollouts,
              "engine": actors.engines, "env": actors.envs, "learner": actors.learner.ranks}
     refs = {role: [a.__ray_call__.remote(_node_of) for a in handles] for role, handles in roles.items()}
     placement = {role: [_answer(ref) for ref in r] for role, r in refs.items()}

@@ -37,6 +37,13 @@ class ClusterConfig(BaseModel):
     runs: on a small machine, put it with generation so the learner's cores stay its own.
     None: every core. Not allowed with ``address`` (a joined cluster's nodes are set up by
     whoever started them)."""
+    services_cpu_affinity: list[int] | None = None
+    """Cores the run's services run on: the replay host, the weight broker and the reward
+    service's front (its scorers and judges stay on ``cpu_affinity``), on whichever node each
+    runs. None: where ``cpu_affinity`` puts them. Their work (scoring, puts, claims, weight
+    hand-offs) is the glue an async step must fit beside generation or training; on a small
+    machine put it with the side that has slack, and Ray's daemons and the driver with the
+    other (``bench/pipeline.py --glue split``)."""
     reward_num_cpus: float = Field(0.25, gt=0)
     """Ray CPUs for the reward actor."""
     replay_num_cpus: float = Field(0.25, gt=0)

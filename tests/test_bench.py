@@ -80,7 +80,8 @@ def test_warm_start_demo_config_builds() -> None:
 
 def test_pipeline_puts_the_glue_on_the_side_named() -> None:
     """Generation and training keep their halves of the cores either way; Ray, the driver and
-    the services (cluster.cpu_affinity) follow the side named, and the config loads."""
+    the services (cluster.cpu_affinity) follow the side named, or the services alone go with
+    the learner (split), and the config loads."""
     import os
 
     from cluster.config import load_config
@@ -90,13 +91,18 @@ def test_pipeline_puts_the_glue_on_the_side_named() -> None:
     if len(cores) < 2:
         pytest.skip("a core split needs two cores")
     gen, train = str(cores[: len(cores) // 2]), str(cores[len(cores) // 2:])
-    split = {glue: dict(o.split("=", 1) for o in pipeline.core_split(glue, cores)) for glue in ("learner", "generation")}
+    glues = ("learner", "generation", "split")
+    split = {glue: dict(o.split("=", 1) for o in pipeline.core_split(glue, cores)) for glue in glues}
     assert split["learner"]["cluster.cpu_affinity"] == train and split["generation"]["cluster.cpu_affinity"] == gen
+    # split: Ray and the driver with generation, the services with the learner
+    assert (split["split"]["cluster.cpu_affinity"], split["split"]["cluster.services_cpu_affinity"]) == (gen, train)
+    assert "cluster.services_cpu_affinity" not in split["learner"] | split["generation"]
     for side in split.values():
         assert (side["rollout.engine.cpu_affinity"], side["rollout.cpu_affinity"], side["learner.cpu_affinity"]) == (
             gen, gen, train)
-    cfg = load_config(pipeline.DEMO, pipeline.QUICK + pipeline.core_split("generation", cores))
-    assert cfg.cluster.cpu_affinity == cores[: len(cores) // 2]
+    cfg = load_config(pipeline.DEMO, pipeline.QUICK + pipeline.core_split("split", cores))
+    assert (cfg.cluster.cpu_affinity, cfg.cluster.services_cpu_affinity) == (cores[: len(cores) // 2],
+                                                                             cores[len(cores) // 2:])
 
 
 def test_pipeline_runs_async_two_batches_deep_on_any_config() -> None:
@@ -107,3 +113,16 @@ def test_pipeline_runs_async_two_batches_deep_on_any_config() -> None:
     assert two == ["replay.eta=3", "rollout.groups_in_flight=6"]
     cfg = pipeline.mode_config(pipeline.DEMO, pipeline.pipeline_depth(pipeline.DEMO, [], 2), "async", steps=8)
     assert (cfg.replay.eta, cfg.rollout.groups_in_flight) == (2, 8)
+
+
+def test_pipeline_reports_each_pair_and_their_median(capsys) -> None:
+    pipeline = _bench("pipeline")
+    sync = {"samples_per_s": 40.0, "all_samples_per_s": 36.0, "train_s": 20.0, "g": 0.4, "t": 0.5, "step": 0.9,
+            "width": 200.0, "turns": 1.5, "decode_steps": 60.0, "rows": 15.0, "busy": 0.35}
+    ratio, ideal, share = pipeline.share_of_ideal(sync, {**sync, "samples_per_s": 64.8})
+    assert (round(ratio, 3), round(ideal, 3), round(share, 3)) == (1.62, 1.8, 0.9)
+    pairs = [{"sync": sync, "async": {**sync, "samples_per_s": 40.0 * 1.8 * s, "step": 0.5}} for s in (0.8, 1.0, 0.95)]
+    pipeline.print_pairs(pairs)
+    out = capsys.readouterr().out
+    assert "share of ideal, median of 3 alternated pair(s): 0.95 (goal >= 0.9; pairs 0.80 1.00 0.95)" in out
+    assert out.count("\n1    sync") == 1 and "3    async" in out

@@ -7,9 +7,13 @@ from cluster.driver import _decode_steps
 
 def test_decode_steps_are_per_step_deltas_summed_over_engines() -> None:
     last: dict[str, float] = {}
-    first = _decode_steps([{"forwards": 10, "forward_rows": 80}, {"forwards": 5, "forward_rows": 10}], last)
-    assert first == {"engine/decode_steps": 15, "engine/rows_per_decode_step": 6.0}
-    second = _decode_steps([{"forwards": 14, "forward_rows": 100}, {"forwards": 9, "forward_rows": 30}], last)
-    assert second == {"engine/decode_steps": 8, "engine/rows_per_decode_step": 5.0}  # 40 rows / 8 steps
-    idle = _decode_steps([{"forwards": 14, "forward_rows": 100}, {"forwards": 9, "forward_rows": 30}], last)
-    assert idle == {"engine/decode_steps": 0, "engine/rows_per_decode_step": 0.0}
+    first = _decode_steps([{"forwards": 10, "forward_rows": 80, "decode_s": 1.5},
+                           {"forwards": 5, "forward_rows": 10, "decode_s": 0.5}], last)
+    assert first == {"engine/decode_steps": 15, "engine/rows_per_decode_step": 6.0, "engine/busy_s": 2.0}
+    second = _decode_steps([{"forwards": 14, "forward_rows": 100, "decode_s": 1.75},
+                            {"forwards": 9, "forward_rows": 30, "decode_s": 1.0}], last)
+    assert second == {"engine/decode_steps": 8, "engine/rows_per_decode_step": 5.0,  # 40 rows / 8 steps
+                      "engine/busy_s": 0.75}
+    idle = _decode_steps([{"forwards": 14, "forward_rows": 100, "decode_s": 1.75},
+                          {"forwards": 9, "forward_rows": 30, "decode_s": 1.0}], last)
+    assert idle == {"engine/decode_steps": 0, "engine/rows_per_decode_step": 0.0, "engine/busy_s": 0.0}

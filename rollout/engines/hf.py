@@ -591,10 +591,17 @@ class HFEngine(Engine):
                 break
             if changed:
                 sampler = self._sampler(rows.reqs)
+            t0 = self._busy_since(t0)  # per step, not per batch: rows join a batch for minutes
         self._stats["tokens"] += sum(len(r.token_ids) for r in batch)
         self._stats["batches"] += 1
         self._stats["rows"] += len(batch)
-        self._stats["decode_s"] += time.perf_counter() - t0
+        self._busy_since(t0)
+
+    def _busy_since(self, t0: float) -> float:
+        """Count the time since ``t0`` as decoding; returns now."""
+        now = time.perf_counter()
+        self._stats["decode_s"] += now - t0
+        return now
 
     def stats(self) -> dict[str, float]:
         return {**self._stats, **self._prefix.stats, "prefix_entries": float(len(self._prefix)),
