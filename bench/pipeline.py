@@ -25,7 +25,9 @@ fixes the side; ``--glue split`` puts Ray and the driver with generation and the
 services (reward, replay, weight broker: ``cluster.services_cpu_affinity``) with the learner;
 ``--shared-cores`` runs both modes unpinned instead. The "engine s" column is the seconds the
 engines spent decoding per step: near g when generation limits, and higher in async than in
-sync when the glue shares the engine's core (docs/cluster.md).
+sync when the glue shares the engine's core (docs/cluster.md); "prefilled" is the prompt tokens
+they computed a step rather than took from a prefix cache (a weight update mid-episode makes an
+episode's cached turns stale).
 
 Async runs two batches deep: ``replay.eta=2`` and two batches' groups in flight per rollout
 actor (``rollout.groups_in_flight``, 8 on the demo) unless ``--depth 1`` (the demo's own
@@ -127,7 +129,8 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int,
            "decode_steps": statistics.mean(r.get("engine/decode_steps", 0.0) for r in timed),
            "rows": statistics.mean(r.get("engine/rows_per_decode_step", 0.0) for r in timed),
            # seconds the engines decoded a step: near g when generation is busy, less when starved
-           "busy": statistics.mean(r.get("engine/busy_s", 0.0) for r in timed)}
+           "busy": statistics.mean(r.get("engine/busy_s", 0.0) for r in timed),
+           "prefilled": statistics.mean(r.get("engine/prefill_tokens", 0.0) for r in timed)}
     out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
     out["step"] = statistics.mean(r["time/step_s"] for r in timed)
     if mode == "sync":
@@ -214,14 +217,14 @@ def share_of_ideal(sync: dict[str, float], asyn: dict[str, float]) -> tuple[floa
 def print_pairs(pairs: list[dict[str, dict[str, float]]]) -> None:
     """A row per run, each pair's share of the ideal, and their median."""
     print(f"{'pair':<5}{'mode':<7}{'samples/s':>10}{'all steps':>10}{'train s':>9}{'g s':>6}{'t s':>6}"
-          f"{'wait s':>7}{'row width':>10}{'turns':>6}{'decode steps':>13}{'rows each':>10}{'engine s':>9}")
+          f"{'wait s':>7}{'row width':>10}{'turns':>6}{'decode steps':>13}{'rows each':>10}{'engine s':>9}{'prefilled':>10}")
     for i, pair in enumerate(pairs):
         for name in ("sync", "async"):
             res = pair[name]
             g = f"{res['g']:.2f}" if "g" in res else "-"
             print(f"{i + 1:<5}{name:<7}{res['samples_per_s']:>10.2f}{res['all_samples_per_s']:>10.2f}"
                   f"{res['train_s']:>9.1f}{g:>6}{res['t']:>6.2f}{res['step'] - res['t']:>7.2f}{res['width']:>10.1f}"
-                  f"{res['turns']:>6.2f}{res['decode_steps']:>13.1f}{res['rows']:>10.1f}{res['busy']:>9.2f}")
+                  f"{res['turns']:>6.2f}{res['decode_steps']:>13.1f}{res['rows']:>10.1f}{res['busy']:>9.2f}{res['prefilled']:>10.0f}")
     shares = []
     for i, pair in enumerate(pairs):
         ratio, ideal, share = share_of_ideal(pair["sync"], pair["async"])

@@ -134,18 +134,21 @@ def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
 
 
 def _decode_steps(engines: list[dict[str, Any]], last: dict[str, float]) -> dict[str, float]:
-    """Decode steps the engines ran since the last step, their mean rows, and the seconds the
-    engines spent decoding (summed over engines): a small engine's step costs about the same
-    whatever its rows, so fuller steps are cheaper samples; busy time against the step's shows
-    whether generation was slow or starved (engines idle while rollouts had nothing to send)."""
+    """Decode steps the engines ran since the last step, their mean rows, the seconds the
+    engines spent decoding and the prompt tokens they computed (not reused from a prefix
+    cache), summed over engines: fuller steps are cheaper samples; busy time against the
+    step's shows whether generation was slow or starved (engines idle while rollouts had
+    nothing to send); prefilled tokens show what weight updates cost the prefix cache."""
     forwards = sum(s["forwards"] for s in engines)
     rows = sum(s["forward_rows"] for s in engines)
     busy = sum(s["decode_s"] for s in engines)
+    prefilled = sum(s.get("prefill_tokens", 0.0) for s in engines)
     steps = forwards - last.get("forwards", 0)
     out = {"engine/decode_steps": steps,
            "engine/rows_per_decode_step": (rows - last.get("forward_rows", 0)) / max(steps, 1),
-           "engine/busy_s": busy - last.get("decode_s", 0.0)}
-    last.update(forwards=forwards, forward_rows=rows, decode_s=busy)
+           "engine/busy_s": busy - last.get("decode_s", 0.0),
+           "engine/prefill_tokens": prefilled - last.get("prefill_tokens", 0.0)}
+    last.update(forwards=forwards, forward_rows=rows, decode_s=busy, prefill_tokens=prefilled)
     return out
 
 

@@ -118,7 +118,8 @@ def test_pipeline_runs_async_two_batches_deep_on_any_config() -> None:
 def test_pipeline_reports_each_pair_and_their_median(capsys) -> None:
     pipeline = _bench("pipeline")
     sync = {"samples_per_s": 40.0, "all_samples_per_s": 36.0, "train_s": 20.0, "g": 0.4, "t": 0.5, "step": 0.9,
-            "width": 200.0, "turns": 1.5, "decode_steps": 60.0, "rows": 15.0, "busy": 0.35}
+            "width": 200.0, "turns": 1.5, "decode_steps": 60.0, "rows": 15.0, "busy": 0.35,
+            "prefilled": 900.0}
     ratio, ideal, share = pipeline.share_of_ideal(sync, {**sync, "samples_per_s": 64.8})
     assert (round(ratio, 3), round(ideal, 3), round(share, 3)) == (1.62, 1.8, 0.9)
     pairs = [{"sync": sync, "async": {**sync, "samples_per_s": 40.0 * 1.8 * s, "step": 0.5}} for s in (0.8, 1.0, 0.95)]
