@@ -9,7 +9,7 @@ g and t leave out the first ``--warmup`` steps of each run (one-time costs; asyn
 fill); the "all steps" column counts every step from the run's start. One pair is not a
 measurement on this 2-core VM: its speed drifts 10-20% from minute to minute, and a 24-step
 run's batches come out ~6% wider or narrower by chance (a step trains for as long as its
-longest row), so single pairs of one build ranged 0.81-1.16 of the ideal on 2026-11-27.
+longest row), so single pairs of one build ranged 0.78-1.02 of the ideal on 2026-11-27.
 
 Both modes run with the same core split: generation (engine and rollout actors) on the first
 half of this machine's cores, the learner on the other half, so async can overlap the two
