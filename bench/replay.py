@@ -10,49 +10,57 @@ round, what producers and the learner do: put B realistic groups (16 rollouts x 
 (the reward service coalesces the puts of groups that finish together), claim B, ack (and
 commit, as a learner that keeps no checkpoint does in the same call).
 Each round is paired with a round of raw redis-py pipelined SETs of the same B payloads
-(pre-encoded, on a client set up like the store's), so both see the same machine load: on a
-shared machine the raw rate alone swings 2x from minute to minute.
+(on a client set up like the store's), so both see the same machine load: on a shared
+machine the raw rate alone swings 2x from minute to minute.
 
-One line per payload encoding (the binary record of replay/codec.py; with zlib; and the JSON
-the store wrote before, for comparison), a line with the codec taken out (records
-encoded before the clock starts, claims not decoded: the store's Redis work alone, the most any
-encoding could reach), then a line with a producer process and a learner process running at
-once (``--repeats`` raw/store block pairs), as a run places them, give (``--single-puts`` adds
-the first and the codec-out line with one ``put`` per group):
+A store takes groups as records (replay/record.py): producers encode them in their own
+process, where they would otherwise pickle them for Ray, and the learner decodes them in its
+own. So the lines are:
 
-- store groups/s (encoding, Lua scripts, reading back and decoding included) and raw
-  pipelined SET groups/s of the same bytes (writes only), and their ratio (goal: >= 0.5);
-- p50/p95/p99 latency of claim(B) (the claim script, reading the B records back and
-  decoding them), which is what the learner waits on between steps;
-- the encode/decode cost per group, measured apart.
+- ``[binary records]`` and ``[binary+zlib records]``: the store's work as deployed, records in
+  (encoded before the clock, as a producer hands them over) and records out (decoded by the
+  learner, not the store); the zlib line compresses in the store;
+- ``[binary, codec at both ends]`` (and the old JSON record's, unless ``--no-json``): the same
+  with the producer's encoding and the learner's decoding timed in each round (what this line
+  measured when the store encoded and decoded itself);
+- ``[producer and learner processes]``: a producer process (encoding, then ``put_many``) and a
+  learner process (claim, decode, ack) at once, as a run places them;
+- the serialization a group costs on its way producer -> replay actor -> learner, as models
+  (each Ray hop pickles them, the store encodes and decodes) against as records.
+
+Each line gives store groups/s and raw pipelined SET groups/s of the same bytes (writes
+only), their ratio (goal: >= 0.5), and p50/p95/p99 latency of claim(B) (the claim script and
+reading the B records back; with decoding on the codec-at-both-ends lines), which is what the
+learner waits on between steps.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import gc
 import multiprocessing as mp
+import pickle
 import random
 import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from replay import redis_store  # noqa: E402
+from replay import codec, redis_store  # noqa: E402
 from replay.config import ReplayConfig  # noqa: E402
+from replay.record import GroupRecord  # noqa: E402
 from replay.redis_server import RedisServer  # noqa: E402
-from replay.redis_store import RedisReplayStore, decode_group, delete_run  # noqa: E402
+from replay.redis_store import RedisReplayStore, delete_run, stored_payload  # noqa: E402
 from rollout.trajectory import Group, Trajectory, Turn  # noqa: E402
 
 ROLLOUTS, TURNS, ACTION_TOKENS, OBS_TOKENS, PROMPT_TOKENS = 16, 8, 256, 64, 256
-Encoder = Callable[[Group, bool], tuple[bytes, int]]
+Encoder = Callable[[Group], bytes]
 
 
 def realistic_group(group_id: str, rng: random.Random) -> Group:
@@ -82,17 +90,17 @@ def make_groups(n: int) -> list[Group]:
     return [bases[i % len(bases)].model_copy(update={"group_id": f"g{i}"}) for i in range(n)]
 
 
-def json_encode(group: Group, compress: bool) -> tuple[bytes, int]:
-    """The store's payload before the binary record: the group's JSON (readers still take it)."""
-    raw = group.model_dump_json().encode()
-    return (zlib.compress(raw, 1) if compress else raw), len(raw)
+def json_encode(group: Group) -> bytes:
+    """The record before the binary format: the group's JSON (readers still take it)."""
+    return group.model_dump_json().encode()
 
 
-ENCODINGS: dict[str, tuple[Encoder, bool]] = {
-    "binary": (redis_store.encode_group, False),
-    "binary+zlib": (redis_store.encode_group, True),
-    "json (old)": (json_encode, False),
-}
+ENCODINGS: dict[str, Encoder] = {"binary": codec.encode_group, "json (old)": json_encode}
+
+
+def records_of(groups: list[Group], encode: Encoder) -> list[GroupRecord]:
+    """What producers hand the store: each group encoded (``GroupRecord.of`` for binary)."""
+    return [GroupRecord(g.group_id, g.min_version(), None, encode(g)) for g in groups]
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -105,13 +113,6 @@ class Totals:
     store_s: float = 0.0
     raw_s: float = 0.0
     claim_s: list[float] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def store_encoding(encode: Encoder) -> Iterator[None]:
-    """Make the store write payloads with ``encode`` (the JSON comparison line only)."""
-    with mock.patch.object(redis_store, "encode_group", encode):
-        yield
 
 
 def raw_round(client, payloads: list[bytes], first: int) -> float:
@@ -127,43 +128,53 @@ def raw_round(client, payloads: list[bytes], first: int) -> float:
     return elapsed
 
 
-def store_round(store: RedisReplayStore, groups: list[Group], totals: Totals, single: bool) -> None:
+@dataclass(frozen=True)
+class Line:
+    """One line's setup: the records' encoding, the store's compression, whether the
+    producer's encoding and the learner's decoding are timed, and one put per group."""
+
+    encoding: str = "binary"
+    compress: bool = False
+    ends: bool = False
+    single: bool = False
+
+    def label(self) -> str:
+        name = self.encoding + ("+zlib" if self.compress else "")
+        return (f"{name}, codec at both ends" if self.ends else f"{name} records") + (
+            ", one put per group" if self.single else "")
+
+
+def store_round(store: RedisReplayStore, groups: list[Group], records: list[GroupRecord],
+                line: Line, totals: Totals) -> None:
     """Producers put the batch (one ``put_many``, as the reward service's coalesced puts
-    send groups that finish together; ``single``: one ``put`` each); the learner claims,
-    acknowledges and checkpoints it."""
+    send groups that finish together; ``line.single``: one ``put`` each); the learner claims,
+    acknowledges and checkpoints it. ``line.ends``: encoding and decoding timed too."""
     start = time.perf_counter()
-    results = [store.put(group) for group in groups] if single else store.put_many(groups)
+    if line.ends:
+        records = records_of(groups, ENCODINGS[line.encoding])
+    results = [store.put(r) for r in records] if line.single else store.put_many(records)
     assert all(r.accepted for r in results)
     t = time.perf_counter()
-    claim = store.claim(len(groups))
+    claim = store.claim(len(records))
+    if line.ends:
+        assert len(claim.groups) == len(records)  # the learner's decoding
     totals.claim_s.append(time.perf_counter() - t)
     store.ack(claim.claim_id, new_version=0, commit=True)  # no checkpoint: payloads freed at once
     totals.store_s += time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def codec_taken_out(payloads: dict[str, bytes]) -> Iterator[None]:
-    """The store puts ``payloads`` (encoded before timing) and hands claims back undecoded."""
-    with store_encoding(lambda group, _compress: (payloads[group.group_id], len(payloads[group.group_id]))), \
-            mock.patch.object(redis_store.codec, "decode_groups", list):
-        yield
-
-
-def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: bool,
-          floor: bool = False, single: bool = False) -> Totals:
-    """Alternate a raw round and a store round over the same batches (``floor``: with the
-    codec taken out of the store; ``single``: one put per group)."""
-    cfg = ReplayConfig(type="redis", url=url, compress=compress, eta=10**6,
+def bench(url: str, groups: list[Group], batch: int, line: Line) -> Totals:
+    """Alternate a raw round and a store round over the same batches."""
+    cfg = ReplayConfig(type="redis", url=url, compress=line.compress, eta=10**6,
                        capacity_groups=4 * batch, capacity_bytes=2**40)
     store = RedisReplayStore(cfg, batch, run_id=f"bench-{time.time_ns()}")
     raw_client = redis_store.connect(url, cfg)  # the store's client settings, minus the store
-    payloads = [encode(g, compress)[0] for g in groups]
+    records = records_of(groups, ENCODINGS[line.encoding])
+    payloads = [stored_payload(r, line.compress) for r in records]  # the bytes the store writes
     totals = Totals()
-    pre_encoded = dict(zip((g.group_id for g in groups), payloads))
-    with codec_taken_out(pre_encoded) if floor else store_encoding(encode):
-        for i in range(0, len(groups), batch):
-            totals.raw_s += raw_round(raw_client, payloads[i:i + batch], i)
-            store_round(store, groups[i:i + batch], totals, single)
+    for i in range(0, len(groups), batch):
+        totals.raw_s += raw_round(raw_client, payloads[i:i + batch], i)
+        store_round(store, groups[i:i + batch], records[i:i + batch], line, totals)
     assert store.stats().trained == len(groups)
     store.delete_run()
     store.close()
@@ -171,33 +182,56 @@ def bench(url: str, groups: list[Group], batch: int, encode: Encoder, compress: 
     return totals
 
 
-def codec_ms(group: Group, encode: Encoder, compress: bool, reps: int = 10) -> tuple[float, float]:
-    payload, _ = encode(group, compress)
-    decode_group(payload)  # warm: field plans and struct layouts are built once
+def mean_ms(fn: Callable[[], Any], reps: int = 10) -> float:
+    fn()  # warm: field plans and struct layouts are built once
     t = time.perf_counter()
     for _ in range(reps):
-        encode(group, compress)
-    enc = (time.perf_counter() - t) / reps
-    t = time.perf_counter()
-    for _ in range(reps):
-        decode_group(payload)
-    return enc * 1e3, (time.perf_counter() - t) / reps * 1e3
+        fn()
+    return (time.perf_counter() - t) / reps * 1e3
 
 
-def run(url: str, groups: list[Group], batch: int, name: str, floor: bool = False,
-        single: bool = False) -> str:
-    """One line of results for one payload encoding (``floor``: its bytes, codec taken out;
-    ``single``: one put per group)."""
-    encode, compress = ENCODINGS[name]
-    enc, dec = (0.0, 0.0) if floor else codec_ms(groups[0], encode, compress)
-    res = bench(url, groups, batch, encode, compress, floor, single)
+def codec_ms(group: Group, encode: Encoder) -> tuple[float, float]:
+    payload = encode(group)
+    return mean_ms(lambda: encode(group)), mean_ms(lambda: codec.decode_group(payload))
+
+
+def run(url: str, groups: list[Group], batch: int, line: Line) -> str:
+    """One line of results."""
+    res = bench(url, groups, batch, line)
     store, raw = len(groups) / res.store_s, len(groups) / res.raw_s
-    label = (f"{name}, codec taken out" if floor else name) + (", one put per group" if single else "")
-    return (f"[{label}] store put+claim+ack {store:6.1f} groups/s | raw pipelined SET of the same "
-            f"bytes {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
+    enc, dec = codec_ms(groups[0], ENCODINGS[line.encoding])
+    where = "timed in each round" if line.ends else "in the producer and the learner, not timed"
+    return (f"[{line.label()}] store put+claim+ack {store:6.1f} groups/s | raw pipelined SET of "
+            f"the same bytes {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
             f"{pct(res.claim_s, 0.5) * 1e3:.1f} ms p95 {pct(res.claim_s, 0.95) * 1e3:.1f} ms "
-            f"p99 {pct(res.claim_s, 0.99) * 1e3:.1f} ms | "
-            + ("no encoding or decoding" if floor else f"encode {enc:.1f} ms decode {dec:.1f} ms per group"))
+            f"p99 {pct(res.claim_s, 0.99) * 1e3:.1f} ms | encode {enc:.2f} ms decode {dec:.2f} ms "
+            f"a group, {where}")
+
+
+def hops(group: Group) -> str:
+    """Serialization a group costs on its way producer -> replay actor -> learner: pickle
+    (protocol 5, as Ray's serializer writes these objects) at each of the two hops, plus the
+    codec. As models: each hop pickles and unpickles the group, and the store encodes it on
+    put and decodes it on claim. As records: the producer encodes, each hop pickles the
+    record's bytes, the learner decodes. Collector paused, as ``codec.decode_groups`` does."""
+    def trip(obj: Any) -> Any:
+        return pickle.loads(pickle.dumps(obj, protocol=5))
+
+    def as_models() -> None:
+        codec.decode_group(codec.encode_group(trip(group)))  # reward -> replay, into Redis and back
+        trip(group)  # replay -> learner
+
+    def as_records() -> None:
+        record = trip(GroupRecord.of(group))  # reward -> replay
+        codec.decode_group(trip(record).payload)  # replay -> learner, decoded there
+
+    gc.disable()
+    try:
+        models, records = min(mean_ms(as_models) for _ in range(3)), min(mean_ms(as_records) for _ in range(3))
+    finally:
+        gc.enable()
+    return (f"[serialization producer -> replay -> learner] as models {models:.2f} ms a group | "
+            f"as records {records:.2f} ms | ratio {records / models:.2f}")
 
 
 # -- producer and learner in processes of their own, as deployed ----------------------------
@@ -230,13 +264,14 @@ def produce(url: str, run_id: str, n: int, batch: int, start: Any) -> None:
         if not granted:
             time.sleep(0.0005)
             continue
-        assert all(r.accepted for r in store.put_many(groups[done:done + granted]))
+        records = [GroupRecord.of(g) for g in groups[done:done + granted]]  # encoded here
+        assert all(r.accepted for r in store.put_many(records))
         done += granted
     store.close()
 
 
 def learn(url: str, run_id: str, n: int, batch: int, start: Any, out: Any) -> None:
-    """A learner process: claim B (decoded), ack with the next version and commit, until n
+    """A learner process: claim B, decode them, ack with the next version and commit, until n
     groups are trained; sends back its seconds from the start and each claim's latency."""
     store = RedisReplayStore(deployed_cfg(url, batch), batch, run_id=run_id)
     start.wait()
@@ -247,6 +282,7 @@ def learn(url: str, run_id: str, n: int, batch: int, start: Any, out: Any) -> No
         if claim is None:
             time.sleep(0.0005)
             continue
+        assert len(claim.groups) == batch  # decoded here, in the learner's process
         claims.append(time.perf_counter() - t)
         version += 1
         store.ack(claim.claim_id, version, commit=True)
@@ -258,7 +294,7 @@ def deployed(url: str, n: int, batch: int, repeats: int) -> str:
     """Alternate raw blocks (all n groups' bytes, B per pipeline) and store blocks (a producer
     process and a learner process at once, as a run places them); one line of results."""
     ctx = mp.get_context("spawn")
-    payloads = [redis_store.encode_group(g, False)[0] for g in make_groups(n)]
+    payloads = [codec.encode_group(g) for g in make_groups(n)]
     raw_client = redis_store.connect(url, deployed_cfg(url, batch))
     totals = Totals()
     for _ in range(repeats):
@@ -278,7 +314,7 @@ def deployed(url: str, n: int, batch: int, repeats: int) -> str:
         delete_run(raw_client, run_id)
     raw_client.close()
     store, raw = repeats * n / totals.store_s, repeats * n / totals.raw_s
-    return (f"[binary, producer and learner processes] store {store:6.1f} groups/s | raw pipelined "
+    return (f"[producer (encoding) and learner (decoding) processes] store {store:6.1f} groups/s | raw pipelined "
             f"SET {raw:6.1f} groups/s | ratio {store / raw:.2f} | claim({batch}) p50 "
             f"{pct(totals.claim_s, 0.5) * 1e3:.1f} ms p95 {pct(totals.claim_s, 0.95) * 1e3:.1f} ms")
 
@@ -298,23 +334,23 @@ def main() -> None:
     args = parser.parse_args()
     n = args.groups or (32 if args.quick else 256)
     groups = make_groups(n)
-    record = redis_store.encode_group(groups[0], False)[0]
+    record = codec.encode_group(groups[0])
     print(f"group: {ROLLOUTS} rollouts x {TURNS} turns x {ACTION_TOKENS} tokens; record "
           f"{len(record) / 2**20:.2f} MiB (zlib-1 {len(zlib.compress(record, 1)) / 2**20:.2f} MiB, "
-          f"old JSON {len(json_encode(groups[0], False)[0]) / 2**20:.2f} MiB); {n} groups, "
+          f"old JSON {len(json_encode(groups[0])) / 2**20:.2f} MiB); {n} groups, "
           f"B={args.batch}, appendfsync={args.appendfsync}")
     aof = args.appendfsync != "off"
-    names = [name for name in ENCODINGS if not (args.no_json and name.startswith("json"))]
+    lines = [Line(), Line(compress=True), Line(ends=True)]
+    lines += [] if args.no_json else [Line("json (old)", ends=True)]
     with tempfile.TemporaryDirectory() as tmp, RedisServer(
             tmp, appendonly=aof, appendfsync=args.appendfsync if aof else "always") as server:
-        for name in names:
-            print(run(server.url, groups, args.batch, name), flush=True)
-        print(run(server.url, groups, args.batch, "binary", floor=True), flush=True)
+        for line in lines:
+            print(run(server.url, groups, args.batch, line), flush=True)
         print(deployed(server.url, n, args.batch, args.repeats), flush=True)
         if args.single_puts:
-            print(run(server.url, groups, args.batch, "binary", single=True), flush=True)
-            print(run(server.url, groups, args.batch, "binary", floor=True, single=True), flush=True)
-
+            print(run(server.url, groups, args.batch, Line(single=True)), flush=True)
+            print(run(server.url, groups, args.batch, Line(ends=True, single=True)), flush=True)
+        print(hops(groups[0]), flush=True)
 
 if __name__ == "__main__":
     main()

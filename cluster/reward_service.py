@@ -19,16 +19,19 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import RunConfig
+from replay.record import GroupRecord
 
 
 class ReplayPut:
-    """``await put_many(groups, scheduled)`` on the replay actor."""
+    """``await put_many(groups, scheduled)`` on the replay actor, the groups encoded here
+    first: Ray then carries their records' bytes, and the replay actor stores them as they are
+    (replay/record.py), instead of pickling and unpickling every model and encoding it there."""
 
     def __init__(self, replay: Any) -> None:
         self.replay = replay
 
     async def __call__(self, groups: list[Any], scheduled: bool = True) -> list[Any]:
-        return await self.replay.put_many.remote(groups, scheduled)
+        return await self.replay.put_many.remote([GroupRecord.of(g) for g in groups], scheduled)
 
 
 class ActorScorer:

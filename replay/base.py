@@ -28,8 +28,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
+from replay import codec
+from replay.record import GroupRecord
 from rollout.trajectory import Group
 
 PutStatus = Literal["accepted", "full", "live_full", "stale", "duplicate"]
@@ -63,12 +66,21 @@ class PutResult:
 
 @dataclass
 class Claim:
-    """Groups handed to the learner, to be acknowledged after its optimizer step."""
+    """Groups handed to the learner, to be acknowledged after its optimizer step.
+
+    The store hands back the groups' records as it holds them; they are decoded where they
+    are used, on the first read of ``groups`` (the learner's process, not the replay actor's:
+    see replay/record.py)."""
 
     claim_id: str
-    groups: list[Group]
+    payloads: list[bytes | bytearray] = field(repr=False)
+    """The claimed groups' records (replay/codec.py), oldest first."""
     staleness: list[int]
     """Learner version minus each group's oldest policy version, at claim time."""
+
+    @cached_property
+    def groups(self) -> list[Group]:
+        return codec.decode_groups(self.payloads)
 
 
 @dataclass
@@ -119,14 +131,15 @@ class ReplayStore(ABC):
         """Give back ``n`` reservations that will not produce a group (failed episodes)."""
 
     @abstractmethod
-    def put(self, group: Group, scheduled: bool = True) -> PutResult:
-        """Offer a finished group. A scheduled group (a producer's) consumes one reservation
-        when there is one; an unscheduled one (live traffic) takes none and is refused
-        ``live_full`` past ``live_capacity_groups``."""
+    def put(self, group: Group | GroupRecord, scheduled: bool = True) -> PutResult:
+        """Offer a finished group, as its record (a producer in another process encodes it
+        there: ``GroupRecord.of``) or as a model (encoded here). A scheduled group (a
+        producer's) consumes one reservation when there is one; an unscheduled one (live
+        traffic) takes none and is refused ``live_full`` past ``live_capacity_groups``."""
 
-    def put_many(self, groups: list[Group], scheduled: bool = True) -> list[PutResult]:
+    def put_many(self, groups: list[Group | GroupRecord], scheduled: bool = True) -> list[PutResult]:
         """``put`` of each group, in order, each accepted or refused on its own; a store may
-        send them together (Redis: one transaction, one round trip)."""
+        send them together (Redis: one pipeline, one round trip)."""
         return [self.put(group, scheduled) for group in groups]
 
     @abstractmethod

@@ -399,8 +399,3 @@ def _gc_paused() -> Iterator[None]:
             _gc_pausers -= 1
             if _gc_pausers == 0 and _gc_was_enabled:
                 gc.enable()
-
-
-def encoded_size(group: Group) -> int:
-    """Bytes a group counts toward ``capacity_bytes``: its uncompressed record's length."""
-    return len(encode_group(group))

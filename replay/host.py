@@ -22,6 +22,7 @@ from typing import Any, Callable, TypeVar
 
 from replay.base import Claim, LiveShare, PutResult, ReplayStats
 from replay.config import ReplayConfig
+from replay.record import GroupRecord, as_record
 from replay.registry import make_store
 from rollout.trajectory import Group
 
@@ -65,14 +66,17 @@ class ReplayHost:
         if producer is not None:
             self._held[producer] = max(0, self._held.get(producer, 0) - n)
 
-    def put(self, group: Group, scheduled: bool = True) -> PutResult:
+    def put(self, group: Group | GroupRecord, scheduled: bool = True) -> PutResult:
         return self.put_many([group], scheduled)[0]
 
     @_serial
-    def put_many(self, groups: list[Group], scheduled: bool = True) -> list[PutResult]:
-        results = self.store.put_many(groups, scheduled)
-        for group, result in zip(groups, results):
-            producer = group.trajectories[0].metadata.get("producer")
+    def put_many(self, groups: list[Group | GroupRecord], scheduled: bool = True) -> list[PutResult]:
+        """Producers in other processes send records (``GroupRecord.of``): the host then
+        neither unpickles models nor encodes them (replay/record.py)."""
+        records = [as_record(g) for g in groups]
+        results = self.store.put_many(records, scheduled)
+        for record, result in zip(records, results):
+            producer = record.producer
             if scheduled and producer in self._held and result.status in ("accepted", "stale"):
                 self._held[producer] = max(0, self._held[producer] - 1)  # the put used its reservation
         self._changed.notify_all()

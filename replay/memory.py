@@ -7,30 +7,25 @@ from collections import OrderedDict
 
 from replay.admission import admission_capacity, is_stale, staleness
 from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
-from replay.codec import encoded_size
 from replay.config import ReplayConfig
+from replay.record import GroupRecord, as_record
 from rollout.trajectory import Group
 
 
-def group_nbytes(group: Group) -> int:
-    """Size of a group's replay record (replay/codec.py), the unit of the byte capacity: the
-    Redis store holds exactly these bytes, and both backends must count alike."""
-    return encoded_size(group)
-
-
 class InProcessReplayStore(ReplayStore):
-    """Groups held in memory, oldest first. Not durable: a crash loses what is held."""
+    """Groups' records held in memory, oldest first. Not durable: a crash loses what is held.
+    A record's length is what ``capacity_bytes`` counts, as the Redis store counts it."""
 
     def __init__(self, cfg: ReplayConfig, batch_groups: int) -> None:
         self.cfg = cfg
         self.batch_groups = batch_groups
-        self._ready: OrderedDict[str, tuple[Group, int]] = OrderedDict()
-        self._live: OrderedDict[str, tuple[Group, int]] = OrderedDict()
+        self._ready: OrderedDict[str, GroupRecord] = OrderedDict()
+        self._live: OrderedDict[str, GroupRecord] = OrderedDict()
         """Live groups (unscheduled puts) waiting, oldest first."""
         self._live_ids: set[str] = set()
         """Ids of the live groups not yet committed, to requeue them where they came from."""
-        self._claims: dict[str, list[tuple[Group, int]]] = {}
-        self._acked: dict[str, tuple[int, list[tuple[Group, int]]]] = {}
+        self._claims: dict[str, list[GroupRecord]] = {}
+        self._acked: dict[str, tuple[int, list[GroupRecord]]] = {}
         """Claim id -> (version it produced, its groups): retained until a checkpoint commits."""
         self._seen: set[str] = set()
         self._ids = itertools.count()
@@ -61,12 +56,13 @@ class InProcessReplayStore(ReplayStore):
     def release(self, n: int) -> None:
         self._stats.running = max(0, self._stats.running - n)
 
-    def put(self, group: Group, scheduled: bool = True) -> PutResult:
+    def put(self, group: Group | GroupRecord, scheduled: bool = True) -> PutResult:
         s = self._stats
-        if group.group_id in self._seen:
+        record = as_record(group)
+        if record.group_id in self._seen:
             s.count("refused", "duplicate")
-            return PutResult("duplicate", f"group {group.group_id} was already accepted")
-        nbytes = group_nbytes(group)
+            return PutResult("duplicate", f"group {record.group_id} was already accepted")
+        nbytes = record.nbytes
         held = self._held()
         if held >= self.cfg.capacity_groups or s.bytes + nbytes > self.cfg.capacity_bytes:
             s.count("refused", "full")
@@ -77,15 +73,15 @@ class InProcessReplayStore(ReplayStore):
             return PutResult("live_full", f"{live_held} live groups held")
         if scheduled:
             self.release(1)
-        if is_stale(s.version, group.min_version(), self.cfg.eta):
+        if is_stale(s.version, record.min_version, self.cfg.eta):
             s.count("refused", "stale")
-            return PutResult("stale", f"group version {group.min_version()} < {s.version - self.cfg.eta}")
-        self._seen.add(group.group_id)
-        (self._ready if scheduled else self._live)[group.group_id] = (group, nbytes)
+            return PutResult("stale", f"group version {record.min_version} < {s.version - self.cfg.eta}")
+        self._seen.add(record.group_id)
+        (self._ready if scheduled else self._live)[record.group_id] = record
         if scheduled:
             s.accepted += 1
         else:
-            self._live_ids.add(group.group_id)
+            self._live_ids.add(record.group_id)
             s.live_accepted += 1
         s.bytes += nbytes
         return PutResult("accepted")
@@ -99,18 +95,18 @@ class InProcessReplayStore(ReplayStore):
         return len(self._ready) + len(self._live) + sum(len(c) for c in self._claims.values())
 
     def _live_held(self) -> int:
-        claimed = sum(g.group_id in self._live_ids for c in self._claims.values() for g, _ in c)
+        claimed = sum(r.group_id in self._live_ids for c in self._claims.values() for r in c)
         return len(self._live) + claimed
 
     # -- learner ---------------------------------------------------------------------------
     def _evict_stale(self) -> None:
         s = self._stats
         for queue in (self._ready, self._live):
-            for gid, (group, nbytes) in list(queue.items()):
-                if is_stale(s.version, group.min_version(), self.cfg.eta):
+            for gid, record in list(queue.items()):
+                if is_stale(s.version, record.min_version, self.cfg.eta):
                     del queue[gid]
                     self._live_ids.discard(gid)
-                    s.bytes -= nbytes
+                    s.bytes -= record.nbytes
                     s.count("evicted", "stale")
                     self._scheduled_evicted += queue is self._ready
 
@@ -124,26 +120,26 @@ class InProcessReplayStore(ReplayStore):
         taken += [self._ready.popitem(last=False)[1] for _ in range(num_groups - n_live)]
         claim_id = f"c{next(self._ids)}"
         self._claims[claim_id] = taken
-        ages = [staleness(self._stats.version, g.min_version()) for g, _ in taken]
+        ages = [staleness(self._stats.version, r.min_version) for r in taken]
         for age in ages:
             self._stats.staleness_hist[age] = self._stats.staleness_hist.get(age, 0) + 1
-        return Claim(claim_id, [g for g, _ in taken], ages)
+        return Claim(claim_id, [r.payload for r in taken], ages)
 
     def ack(self, claim_id: str, new_version: int, commit: bool = False) -> None:
         taken = self._claims.pop(claim_id, None)
         if taken is None:
             raise KeyError(f"unknown or already acknowledged claim {claim_id!r}")
         self._acked[claim_id] = (new_version, taken)
-        self._stats.bytes -= sum(nbytes for _, nbytes in taken)
+        self._stats.bytes -= sum(r.nbytes for r in taken)
         self._stats.trained += len(taken)
-        self._stats.live_trained += sum(g.group_id in self._live_ids for g, _ in taken)
+        self._stats.live_trained += sum(r.group_id in self._live_ids for r in taken)
         self._stats.version = max(self._stats.version, new_version)
         if commit:
             self.commit(new_version)
 
     def commit(self, version: int) -> int:
         done = [cid for cid, (v, _) in self._acked.items() if v <= version]
-        forgotten = [g.group_id for cid in done for g, _ in self._acked.pop(cid)[1]]
+        forgotten = [r.group_id for cid in done for r in self._acked.pop(cid)[1]]
         self._live_ids.difference_update(forgotten)
         return len(forgotten)
 
@@ -156,16 +152,16 @@ class InProcessReplayStore(ReplayStore):
             self.commit(checkpoint_version)
             for cid, (_, taken) in self._acked.items():
                 back[cid] = taken
-                self._stats.bytes += sum(nbytes for _, nbytes in taken)
+                self._stats.bytes += sum(r.nbytes for r in taken)
                 self._stats.trained -= len(taken)
-                self._stats.live_trained -= sum(g.group_id in self._live_ids for g, _ in taken)
+                self._stats.live_trained -= sum(r.group_id in self._live_ids for r in taken)
             self._acked.clear()
             self._stats.version = checkpoint_version
         requeue = [item for cid in sorted(back, key=_claim_seq) for item in back[cid]]
-        for group, nbytes in reversed(requeue):
-            queue = self._live if group.group_id in self._live_ids else self._ready
-            queue[group.group_id] = (group, nbytes)
-            queue.move_to_end(group.group_id, last=False)
+        for record in reversed(requeue):
+            queue = self._live if record.group_id in self._live_ids else self._ready
+            queue[record.group_id] = record
+            queue.move_to_end(record.group_id, last=False)
         return len(requeue)
 
     def stats(self) -> ReplayStats:

@@ -65,9 +65,9 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from replay import codec
 from replay.base import Claim, LiveShare, PutResult, ReplayStats, ReplayStore, check_live_share
 from replay.config import ReplayConfig
+from replay.record import GroupRecord, as_record
 from replay.redis_reads import bulk_parser_kwargs
 from replay.redis_scripts import KEY_NAMES, SCRIPTS
 from replay.redis_server import RedisServer, ensure_embedded
@@ -165,17 +165,12 @@ def _refuse_evicting_server(client: redis.Redis, url: str) -> None:
         )
 
 
-def encode_group(group: Group, compress: bool) -> tuple[bytes, int]:
-    """(payload, record bytes): capacity counts the uncompressed record (replay/codec.py)
-    whether or not it is compressed, so a capacity means the same either way."""
-    record = codec.encode_group(group)
-    return (zlib.compress(record, 1) if compress else record), len(record)
+def stored_payload(record: GroupRecord, compress: bool) -> bytes:
+    """What the store writes for ``record``: its bytes, zlib level 1 when ``compress``.
+    Capacity counts the uncompressed record either way, so a capacity means the same."""
+    return zlib.compress(record.payload, 1) if compress else record.payload
 
 
-def decode_group(payload: bytes) -> Group:
-    # Binary, JSON (written before the binary format) and zlib are told apart by their first
-    # byte, so readers need not share the writer's ``compress`` setting or build.
-    return codec.decode_group(payload)
 
 
 def delete_run(client: redis.Redis, run_id: str, key_prefix: str = "turnrl") -> int:
@@ -256,13 +251,15 @@ class RedisReplayStore(ReplayStore):
     def release(self, n: int) -> None:
         self._run("release", n)
 
-    def put(self, group: Group, scheduled: bool = True, *, op_id: str | None = None) -> PutResult:
-        return self._put_all([group], scheduled, [op_id or uuid.uuid4().hex])[0]
+    def put(self, group: Group | GroupRecord, scheduled: bool = True, *,
+            op_id: str | None = None) -> PutResult:
+        return self._put_all([as_record(group)], scheduled, [op_id or uuid.uuid4().hex])[0]
 
-    def put_many(self, groups: list[Group], scheduled: bool = True) -> list[PutResult]:
-        return self._put_all(groups, scheduled, [uuid.uuid4().hex for _ in groups])
+    def put_many(self, groups: list[Group | GroupRecord], scheduled: bool = True) -> list[PutResult]:
+        return self._put_all([as_record(g) for g in groups], scheduled,
+                             [uuid.uuid4().hex for _ in groups])
 
-    def _put_all(self, groups: list[Group], scheduled: bool, op_ids: list[str]) -> list[PutResult]:
+    def _put_all(self, records: list[GroupRecord], scheduled: bool, op_ids: list[str]) -> list[PutResult]:
         """One pipeline for all ``groups``: one round trip and (``appendfsync always``) as few
         fsyncs as a raw pipeline of the same bytes has. Each group keeps its own staging key,
         script run and operation id, so each is accepted or refused on its own.
@@ -274,13 +271,12 @@ class RedisReplayStore(ReplayStore):
         between its SET and its script, and it expires on its own (after the operation's TTL)
         if the script never runs (a producer killed between them)."""
         pipe = self._r.pipeline(transaction=False)
-        for group, op_id in zip(groups, op_ids):
-            payload, nbytes = encode_group(group, self.cfg.compress)
+        for record, op_id in zip(records, op_ids):
             staged = f"{self._prefix}stage:{op_id}"
             keys = [*self.keys, self._op_key(op_id), staged]
-            pipe.set(staged, payload, ex=self._op_ttl)
+            pipe.set(staged, stored_payload(record, self.cfg.compress), ex=self._op_ttl)
             # EVAL, not EVALSHA: a pipeline's NOSCRIPT reply would cost a second round trip.
-            pipe.eval(SCRIPTS["put"], len(keys), *keys, group.group_id, nbytes, group.min_version(),
+            pipe.eval(SCRIPTS["put"], len(keys), *keys, record.group_id, record.nbytes, record.min_version,
                       self.cfg.capacity_groups, self.cfg.capacity_bytes, self.cfg.eta,
                       int(scheduled), self.cfg.live_capacity_groups, self._op_ttl)
         replies = pipe.execute()  # a re-sent pipeline re-runs it all: see "put"'s on_replay
@@ -306,8 +302,7 @@ class RedisReplayStore(ReplayStore):
         if any(p is None for p in payloads):
             raise RuntimeError(f"replay run {self.run_id!r}: claim {claim_id!r} lost payloads "
                                "(was the run deleted while training?)")
-        groups = codec.decode_groups(payloads)
-        return Claim(claim_id.decode(), groups, [int(age) for age in ages])
+        return Claim(claim_id.decode(), payloads, [int(age) for age in ages])
 
     def ack(self, claim_id: str, new_version: int, commit: bool = False) -> None:
         if self._run("ack", claim_id, int(new_version), int(commit)) is None:

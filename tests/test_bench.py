@@ -37,7 +37,7 @@ def _splits_build(cfg) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, needle", [("envs", "search step p50"), ("ig", "max |v - v_ref|"),
-                                            ("replay", "producer and learner processes] store"),
+                                            ("replay", "replay -> learner] as models"),
                                             ("codec_floor", "codec / list floor"),
                                             ("serving", "p99 ratio (publishes / none)"),
                                             ("engines", "ratio vLLM engine/generate"),

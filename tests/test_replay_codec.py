@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from envs.toolcalls import ToolCall
 from replay import codec
-from replay.codec import FORMAT_VERSION, HEADER, MAGIC, decode_group, decode_groups, encode_group, encoded_size
-from replay.redis_store import encode_group as store_encode
+from replay.codec import FORMAT_VERSION, HEADER, MAGIC, decode_group, decode_groups, encode_group
+from replay.record import GroupRecord
+from replay.redis_store import stored_payload
 from rollout.token_array import FloatArray, IntArray
 from rollout.trajectory import Group, Trajectory, Turn
 
@@ -151,11 +152,11 @@ def test_record_layout_and_bytes_accounting() -> None:
     group = full_group()
     record = encode_group(group)
     assert record[:len(MAGIC)] == MAGIC and record[len(MAGIC)] == FORMAT_VERSION
-    assert encoded_size(group) == len(record)
+    assert GroupRecord.of(group).nbytes == len(record)
     assert len(record) < len(group.model_dump_json().encode())
-    # capacity counts the uncompressed record whether or not the payload is compressed
-    assert store_encode(group, True)[1] == store_encode(group, False)[1] == len(record)
-    assert store_encode(group, False)[0] == record
+    # the store writes the record as it is, or zlibbed; capacity counts the record either way
+    assert stored_payload(GroupRecord.of(group), False) == record
+    assert decode_group(stored_payload(GroupRecord.of(group), True)) == group
 
 
 def test_a_newer_format_or_garbage_is_refused_clearly() -> None:

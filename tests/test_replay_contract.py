@@ -14,7 +14,7 @@ import pytest
 from redis_fixture import make_group, new_run_id, redis_server  # noqa: F401 (fixture)
 
 from replay.base import ReplayStore
-from replay.codec import encoded_size
+from replay.record import GroupRecord
 from replay.config import ReplayConfig
 
 MakeStore = Callable[..., ReplayStore]
@@ -47,7 +47,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
 def nbytes(group_id: str, **kw: object) -> int:
     """What ``bytes`` and ``capacity_bytes`` count: the length of the group's replay record
     (replay/codec.py, uncompressed), which is what the Redis backend holds."""
-    return encoded_size(make_group(group_id, **kw))
+    return GroupRecord.of(make_group(group_id, **kw)).nbytes
 
 
 def ids(claim) -> list[str]:

@@ -13,10 +13,12 @@ import time
 import pytest
 from redis_fixture import make_group
 
+from cluster.reward_service import ReplayPut
 from replay.client import PutCoalescer, wait_claim
 from replay.config import ReplayConfig
 from replay.host import ACTOR_THREADS, ReplayHost
 from replay.memory import InProcessReplayStore
+from replay.record import GroupRecord
 
 
 def test_a_waiting_claim_is_woken_by_the_put_that_completes_the_batch(tmp_path) -> None:
@@ -63,6 +65,26 @@ def test_the_replay_actor_lets_puts_in_while_a_claim_waits(ray_cluster, tmp_path
     assert ray.get(host.put.remote(make_group("a")), timeout=30).accepted  # not queued behind the claim
     claim = ray.get(waiting, timeout=30)
     assert [g.group_id for g in claim.groups] == ["a"]
+    ray.kill(host)
+
+
+def test_groups_travel_to_and_from_the_replay_actor_as_records(ray_cluster, tmp_path) -> None:
+    """The reward side encodes (``ReplayPut``), the actor stores and hands back the bytes
+    without decoding them, and the claimer decodes them once, into the groups put."""
+    ray = ray_cluster
+    host = ray.remote(ReplayHost).options(num_cpus=0, max_concurrency=ACTOR_THREADS).remote(
+        ReplayConfig(), 2, str(tmp_path), "records")
+    groups = [make_group("a", tokens=40), make_group("b", tokens=40)]
+    groups[0].trajectories[0].metadata["producer"] = "rollout-0"
+    assert ray.get(host.reserve.remote(2, "rollout-0")) == 2
+    results = asyncio.run(ReplayPut(host)(groups))
+    assert [r.status for r in results] == ["accepted", "accepted"]
+    claim = ray.get(host.claim.remote(2), timeout=30)
+    assert "groups" not in vars(claim)  # nothing decoded on the way
+    assert claim.payloads == [GroupRecord.of(g).payload for g in groups]
+    assert claim.groups == groups
+    # the record's producer was read: a's put used one of rollout-0's two reservations
+    assert ray.get(host.release_producer.remote("rollout-0")) == 1
     ray.kill(host)
 
 

@@ -15,11 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Callable
-from unittest import mock
 
 import pytest
 import redis
@@ -33,8 +31,7 @@ from redis_fixture import (  # noqa: F401 (redis_server is a fixture)
 )
 
 from replay.admission import admission_capacity, is_stale, staleness
-from replay import redis_store
-from replay.codec import encoded_size
+from replay.record import GroupRecord
 from replay.config import ReplayConfig
 from replay.redis_server import RedisServer, free_port
 from replay.redis_scripts import RULES as _RULES
@@ -210,21 +207,19 @@ def test_compressed_payloads_are_read_by_any_store(redis_server: RedisServer) ->
     group = make_group("z", tokens=500)
     writer.put(group)
     assert reader.claim(1).groups == [group]
-    assert reader.stats().bytes == encoded_size(group)  # the uncompressed record, not zlib
+    assert reader.stats().bytes == GroupRecord.of(group).nbytes  # the uncompressed record, not zlib
 
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_groups_held_as_json_by_an_older_build_are_still_claimed(redis_server: RedisServer,
                                                                  compress: bool) -> None:
     """An upgrade with groups in Redis: payloads the JSON-writing store left behind decode."""
-    def old_encode(group: Group, compress: bool) -> tuple[bytes, int]:
-        raw = group.model_dump_json().encode()
-        return (zlib.compress(raw, 1) if compress else raw), len(raw)
+    def old_record(group: Group) -> GroupRecord:  # the store wrote the group's JSON then
+        return GroupRecord(group.group_id, group.min_version(), None, group.model_dump_json().encode())
 
     run = new_run_id()
     old = open_store(redis_server.url, run, compress=compress)
-    with mock.patch.object(redis_store, "encode_group", old_encode):
-        assert old.put(make_group("old", tokens=300)).accepted
+    assert old.put(old_record(make_group("old", tokens=300))).accepted
     assert old.put(make_group("new", tokens=300)).accepted  # this build's binary record
     claim = open_store(redis_server.url, run).claim(2)
     assert claim.groups == [make_group("old", tokens=300), make_group("new", tokens=300)]
