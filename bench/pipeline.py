@@ -7,9 +7,11 @@ the ideal ratio (g + t) / max(g, t) from the generation time g and training time
 per step in the pair's sync run; then each pair's share of the ideal and their median. Rates,
 g and t leave out the first ``--warmup`` steps of each run (one-time costs; async's pipeline
 fill); the "all steps" column counts every step from the run's start. One pair is not a
-measurement on this 2-core VM: its speed drifts 10-20% from minute to minute, and a 24-step
-run's batches come out ~6% wider or narrower by chance (a step trains for as long as its
-longest row), so single pairs of one build ranged 0.78-1.02 of the ideal on 2026-11-27.
+measurement on this 2-core VM: its speed drifts 10-20% from minute to minute, and a short
+run's batches come out wider or narrower by chance (a step trains for as long as its longest
+row). Runs are 72 steps (24 with ``--quick``): single pairs of 24-step runs ranged 0.69-1.04
+of the ideal on 2026-11-27 (medians of three 0.82 and 0.97 within the hour), pairs of 72-step
+runs 0.89-0.95.
 
 Both modes run with the same core split: generation (engine and rollout actors) on the first
 half of this machine's cores, the learner on the other half, so async can overlap the two
@@ -46,7 +48,7 @@ demo model, async's batches averaged 283 tokens wide against sync's 235 in one p
 which no overlap can make up for. The ratio then measures the runs' workloads as much as the
 overlap.
 
-    python bench/pipeline.py [--config configs/demo.yaml] [--steps 24] [--warmup 1] [--pairs 3] [--quick]
+    python bench/pipeline.py [--config configs/demo.yaml] [--steps 72] [--warmup 1] [--pairs 3] [--quick]
                              [--learn] [--shared-cores | --glue auto|learner|generation|split] [--depth 2]
                              [--set k=v ...]
 """
@@ -152,9 +154,10 @@ def probe_glue(args: argparse.Namespace, base: list[str], cores: list[int]) -> t
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=DEMO)
-    ap.add_argument("--steps", type=int, default=24,
-                    help="steps per mode: a step's training time doubles with its batch's longest row, "
-                         "so fewer steps give a ratio that swings by a third from run to run")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per mode (default 72; 24 with --quick): a step's training time doubles "
+                         "with its batch's longest row, so fewer steps give a ratio that swings by a "
+                         "third from run to run")
     ap.add_argument("--warmup", type=int, default=1,
                     help="first steps of each mode left out of samples/s, g and t (one-time costs)")
     ap.add_argument("--quick", action="store_true", help="tiny model and world (a smoke run)")
@@ -175,6 +178,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.pairs is None:
         args.pairs = 1 if args.quick else 3
+    if args.steps is None:
+        args.steps = 24 if args.quick else 72
     if args.pairs < 1:
         raise SystemExit(f"--pairs {args.pairs} must be at least 1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
