@@ -44,9 +44,6 @@ class GroupRecord:
         """What the group counts toward ``capacity_bytes``."""
         return len(self.payload)
 
-    def group(self) -> Group:
-        return codec.decode_group(self.payload)
-
 
 def as_record(item: Group | GroupRecord) -> GroupRecord:
     """A record as it is; a group encoded here (a producer in the store's own process)."""

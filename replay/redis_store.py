@@ -171,8 +171,6 @@ def stored_payload(record: GroupRecord, compress: bool) -> bytes:
     return zlib.compress(record.payload, 1) if compress else record.payload
 
 
-
-
 def delete_run(client: redis.Redis, run_id: str, key_prefix: str = "turnrl") -> int:
     """Delete every key of one run (SCAN + UNLINK, never KEYS); returns keys deleted."""
     run_keys(key_prefix, run_id)  # validates run_id, so the pattern has no glob characters
@@ -260,7 +258,7 @@ class RedisReplayStore(ReplayStore):
                              [uuid.uuid4().hex for _ in groups])
 
     def _put_all(self, records: list[GroupRecord], scheduled: bool, op_ids: list[str]) -> list[PutResult]:
-        """One pipeline for all ``groups``: one round trip and (``appendfsync always``) as few
+        """One pipeline for all ``records``: one round trip and (``appendfsync always``) as few
         fsyncs as a raw pipeline of the same bytes has. Each group keeps its own staging key,
         script run and operation id, so each is accepted or refused on its own.
 
