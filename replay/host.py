@@ -61,10 +61,25 @@ class ReplayHost:
         return granted
 
     @_serial
+    def reserve_wait(self, n: int, producer: str | None = None, wait_s: float = 0.0) -> int:
+        """``reserve``, waiting up to ``wait_s`` for room when none is free now (an ack,
+        which publishes a version, or a release wakes it): a producer that starts its groups
+        in waves (``rollout.admission``) starts the next one as soon as admission allows, not
+        at its next poll."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            granted = self.reserve(n, producer)
+            left = deadline - time.monotonic()
+            if granted or left <= 0:
+                return granted
+            self._changed.wait(min(left, RECHECK_S))
+
+    @_serial
     def release(self, n: int, producer: str | None = None) -> None:
         self.store.release(n)
         if producer is not None:
             self._held[producer] = max(0, self._held.get(producer, 0) - n)
+        self._changed.notify_all()
 
     def put(self, group: Group | GroupRecord, scheduled: bool = True) -> PutResult:
         return self.put_many([group], scheduled)[0]
@@ -113,6 +128,7 @@ class ReplayHost:
     @_serial
     def ack(self, claim_id: str, version: int, commit: bool = False) -> None:
         self.store.ack(claim_id, version, commit)
+        self._changed.notify_all()  # a new version widens admission: wakes ``reserve_wait``
 
     @_serial
     def commit(self, version: int) -> int:

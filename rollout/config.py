@@ -195,6 +195,16 @@ class RolloutConfig(BaseModel):
     """G: rollouts per task, normalised together."""
     groups_in_flight: int = Field(4, ge=1)
     """Groups each actor generates concurrently (their turns share engine batches)."""
+    admission: Literal["continuous", "waves"] = "continuous"
+    """When an async actor starts new groups. ``continuous``: whenever one ends and
+    admission allows, so its episodes run at different stages. ``waves``: only when all of
+    its groups in flight have ended, as sync mode does, so their turns share batches in step
+    (less padding) and run on one weights version: the engines hold the version the wave
+    started on (``wave_hold_s``)."""
+    wave_hold_s: float = Field(30.0, ge=0)
+    """``waves``: longest the engines keep a wave's weights version, loading the newer ones
+    at the next wave's start; a wave still running then continues on whatever the engines
+    load (live traffic on the same engines gets new weights at the latest then too)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; behaviour log-probs are of this tempered distribution."""
     top_p: float = Field(1.0, gt=0, le=1)

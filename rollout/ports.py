@@ -20,7 +20,7 @@ class SubmitLost(RuntimeError):
 
 
 class RolloutPorts(Protocol):
-    async def reserve(self, n: int) -> int: ...
+    async def reserve(self, n: int, wait_s: float = 0.0) -> int: ...
     async def release(self, n: int) -> None: ...
     async def submit(self, group: Group) -> Any: ...
 
@@ -32,7 +32,10 @@ class ActorPorts:
     def __init__(self, replay: Any, reward: Any, producer: str | None = None) -> None:
         self.replay, self.reward, self.producer = replay, reward, producer
 
-    async def reserve(self, n: int) -> int:
+    async def reserve(self, n: int, wait_s: float = 0.0) -> int:
+        """Up to ``n`` admissions; with ``wait_s``, waits that long in replay for room."""
+        if wait_s > 0:
+            return await self.replay.reserve_wait.remote(n, self.producer, wait_s)
         return await self.replay.reserve.remote(n, self.producer)
 
     async def release(self, n: int) -> None:

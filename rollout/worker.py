@@ -27,6 +27,8 @@ from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
 
 log = logging.getLogger(__name__)
+WAVE_WAIT_S = 0.25
+"""Longest one admission wait of a wave; the loop then checks ``stop()`` and asks again."""
 
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: RolloutConfig, env_cfg: Any, engine: EngineClient,
@@ -107,8 +109,11 @@ class RolloutWorker:
         active: set[asyncio.Task] = set()
         try:
             while not self._stop.is_set():
-                want = self.cfg.groups_in_flight - len(active)
-                granted = await self.ports.reserve(want) if want > 0 else 0
+                waves = self.cfg.admission == "waves"
+                want = 0 if waves and active else self.cfg.groups_in_flight - len(active)
+                # A wave waits in replay for room (woken when the learner publishes), so it
+                # starts then, not at the next 50 ms poll, which no other group would hide.
+                granted = await self.ports.reserve(want, WAVE_WAIT_S if waves else 0.0) if want > 0 else 0
                 if granted:
                     # Admission counted from the learner's newest version, published before
                     # replay saw it; an engine still on the one before (until its next poll)
@@ -116,13 +121,14 @@ class RolloutWorker:
                     # refuses them at put after all their generation (bench/pipeline.py: 4 of
                     # 68 groups, and the batches waiting on their replacements).
                     try:
-                        await self.engine.sync_weights()
+                        await self.engine.sync_weights(self.cfg.wave_hold_s if waves else 0.0)
                     except Exception:  # noqa: BLE001 - an engine died: its follower catches up
                         log.warning("rollout: could not sync engine weights; starting the groups anyway",
                                     exc_info=True)
                 active |= {asyncio.create_task(self._produce_one()) for _ in range(granted)}
                 if not active:
-                    await asyncio.sleep(0.05)
+                    if not waves:  # a wave's reserve has waited already
+                        await asyncio.sleep(0.05)
                     continue
                 done, active = await asyncio.wait(active, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:

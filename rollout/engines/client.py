@@ -64,9 +64,11 @@ class EngineClient(ABC):
         """Load a version into every engine; returns the lowest version now serving."""
 
     @abstractmethod
-    async def sync_weights(self) -> int:
+    async def sync_weights(self, hold_s: float = 0.0) -> int:
         """Make every engine adopt the newest published weights now; returns the lowest
-        version serving (for evaluations that must use the newest policy)."""
+        version serving (for evaluations that must use the newest policy). With ``hold_s``
+        the engines keep that version, loading no newer one, for up to ``hold_s`` or until
+        the next sync (``EngineServer.sync_weights``)."""
 
     @abstractmethod
     async def stats(self) -> list[dict[str, float]]:
@@ -122,8 +124,8 @@ class LocalEngineClient(EngineClient):
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
         return await self.server.update_weights(version, handle)
 
-    async def sync_weights(self) -> int:
-        return await self.server.sync_weights()
+    async def sync_weights(self, hold_s: float = 0.0) -> int:
+        return await self.server.sync_weights(hold_s)
 
     async def stats(self) -> list[dict[str, float]]:
         return [self.server.stats()]
@@ -237,8 +239,8 @@ class RayEngineClient(EngineClient):
         self._seen(low)
         return low
 
-    async def sync_weights(self) -> int:
-        low = min(await self._all("sync_weights"))
+    async def sync_weights(self, hold_s: float = 0.0) -> int:
+        low = min(await self._all("sync_weights", hold_s))
         self._seen(low)
         return low
 

@@ -4,6 +4,8 @@ One ``EngineServer`` owns one engine. Its methods are the engine's verbs (genera
 abort, pause, resume, update_weights) plus weight following: with a weight source (the
 learner's broker, through an adapter with ``async latest(have) -> (version, WeightHandle) |
 None``) it polls for newer versions in the background and loads them without failing a request.
+A caller may hold the version it synced to (``sync_weights(hold_s)``: a rollout actor's wave,
+whose episodes then run on one version) and the follower waits until that hold ends.
 Clients reach a group of these through ``rollout.engines.client.RayEngineClient``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator
 
 from rollout.cores import pin_process
@@ -37,6 +40,8 @@ class EngineServer:
         self._starting: asyncio.Future | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._follow_errors = 0
+        self._hold_until = 0.0
+        """Monotonic time until which the follower loads nothing (``sync_weights(hold_s)``)."""
 
     async def start(self) -> int:
         """Take the configured intra-op threads (the actor's process is the engine's own) and
@@ -70,27 +75,37 @@ class EngineServer:
     async def _follow(self) -> None:
         while True:
             try:
-                await self._load_newest()
+                await self._load_newest(follower=True)
             except Exception:  # noqa: BLE001 - a failed poll must not stop serving
                 self._follow_errors += 1
                 log.exception("engine: polling the weight source failed; serving the current version")
             await asyncio.sleep(self.cfg.weight_poll_s)
 
-    async def sync_weights(self) -> int:
-        """Load the newest published version now, if newer than the one serving."""
+    async def sync_weights(self, hold_s: float = 0.0) -> int:
+        """Load the newest published version now, if newer than the one serving, and end any
+        earlier hold; with ``hold_s`` keep serving it (the follower idle) for up to that long
+        or until the next sync. A weight update mid-episode makes the episode's cached turns
+        stale (its next turn is computed again from the start): a wave started together and
+        held runs on one version, as a sync step does."""
         await self._started()
-        return await self._load_newest()
+        return await self._load_newest(hold_s=hold_s)
 
-    async def _load_newest(self) -> int:
+    async def _load_newest(self, follower: bool = False, hold_s: float = 0.0) -> int:
+        """Load the newest version: a sync (ending any hold, then holding for ``hold_s``), or
+        the ``follower``'s poll, which loads nothing while a hold lasts."""
         if self.weights is None:
             return self.engine.version
         if self._sync_lock is None:
             self._sync_lock = asyncio.Lock()
         async with self._sync_lock:  # the follower and an explicit sync never load twice
+            if follower and time.monotonic() < self._hold_until:  # checked under the lock: a
+                return self.engine.version  # poll that waited out a sync sees the sync's hold
             got = await self.weights.latest(self.engine.version)
             if got is not None:
                 await self._join_group_of(got[1])
                 await self.engine.update_weights(*got)
+            if not follower:
+                self._hold_until = time.monotonic() + hold_s
         return self.engine.version
 
     async def _join_group_of(self, handle: WeightHandle) -> None:

@@ -1,0 +1,149 @@
+"""Async admission in waves (``rollout.admission``): an actor starts its next groups only when
+all of its previous ones have ended, and waits in replay for room instead of polling.
+
+The worker runs the tiny policy on an in-process engine against a real ``ReplayHost``; a
+learner coroutine claims and acknowledges batches, which is what makes room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from replay.config import ReplayConfig
+from replay.host import ReplayHost
+from rollout.trajectory import Group
+
+
+class HostPorts:
+    """Rollout ports on a ``ReplayHost`` in this process, counting at every reservation how
+    many granted groups were still in flight (granted, not yet put or released)."""
+
+    def __init__(self, host: ReplayHost) -> None:
+        self.host, self.granted, self.done = host, 0, 0
+        self.in_flight_at_reserve: list[int] = []
+
+    async def reserve(self, n: int, wait_s: float = 0.0) -> int:
+        self.in_flight_at_reserve.append(self.granted - self.done)
+        got = await asyncio.to_thread(self.host.reserve_wait, n, None, wait_s)
+        self.granted += got
+        return got
+
+    async def release(self, n: int) -> None:
+        self.host.release(n)
+        self.done += n
+
+    async def submit(self, group: Group) -> None:
+        self.host.put(group)
+        self.done += 1
+
+
+async def _train_while_producing(worker, host: ReplayHost, steps: int) -> list[int]:
+    """Claim and acknowledge ``steps`` batches of 2 while ``worker.run()`` produces; returns
+    the versions of the claimed groups."""
+    producing = asyncio.create_task(worker.run())
+    versions: list[int] = []
+    for version in range(1, steps + 1):
+        claim = None
+        while claim is None:
+            assert not producing.done(), producing.result()
+            claim = await asyncio.to_thread(host.claim_wait, 2, None, 0.5)
+        versions += [g.min_version() for g in claim.groups]
+        host.ack(claim.claim_id, version)
+    worker.stop()
+    await producing
+    return versions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("admission", ["waves", "continuous"])
+def test_waves_start_only_when_the_last_wave_has_ended(admission, tiny_run_config, tiny_policy, tmp_path) -> None:
+    from rollout.engines import local_client
+    from rollout.worker import RolloutWorker
+
+    policy, _ = tiny_policy
+    cfg = tiny_run_config([f"rollout.admission={admission}", "rollout.groups_in_flight=4", "rollout.group_size=2",
+                           "rollout.max_new_tokens=16"])
+    # eta 8: no group goes stale (the engine stays on v0) and only groups_in_flight limits
+    host = ReplayHost(ReplayConfig(eta=8), 2, str(tmp_path), "waves")
+    ports = HostPorts(host)
+    worker = RolloutWorker(0, cfg.rollout, cfg.env, local_client(cfg.rollout.engine, policy), 0, ports)
+
+    versions = asyncio.run(_train_while_producing(worker, host, steps=4))
+
+    assert len(versions) == 8 and versions == [0] * 8  # no weights published: every group on v0
+    asked = ports.in_flight_at_reserve
+    if admission == "waves":
+        assert set(asked) == {0}, f"a wave was started with groups of the last one in flight: {asked}"
+    else:
+        assert max(asked) > 0  # continuous admission tops up while groups run
+
+
+def test_a_waiting_reservation_is_woken_by_the_ack_that_makes_room(tmp_path) -> None:
+    from redis_fixture import make_group
+
+    host = ReplayHost(ReplayConfig(eta=0), 1, str(tmp_path), "room")
+    assert host.reserve(5) == 1  # (eta + version + 1) * B = 1 group may run
+    assert host.reserve_wait(1, None, wait_s=0.3) == 0  # the wait ends with nothing granted
+    host.put(make_group("a"))
+    claim = host.claim(1)
+    timer = threading.Timer(0.3, lambda: host.ack(claim.claim_id, 1))
+    timer.start()
+    t0 = time.monotonic()
+    granted = host.reserve_wait(5, None, wait_s=30.0)
+    waited = time.monotonic() - t0
+    timer.join()
+    assert granted == 1  # version 1 lets one more group run
+    assert waited < 15.0, f"waited {waited:.1f}s: the ack did not wake the reservation"
+
+
+class BrokerSource:
+    """A ``WeightBroker`` in this process as an engine server's (async) weight source."""
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+
+    async def latest(self, have: int):
+        return self.broker.latest(have)
+
+
+def test_an_engine_keeps_a_held_version_until_the_hold_ends_or_the_next_sync(tiny_run_config, tiny_policy) -> None:
+    import torch
+
+    from learner.weights import WeightBroker
+    from rollout.engines.server import EngineServer
+    from rollout.engines.transport import InMemoryWeights
+
+    policy, _ = tiny_policy
+    cfg = tiny_run_config(["rollout.engine.weight_poll_s=0.02"])
+    broker = WeightBroker()
+    server = EngineServer(cfg.rollout.engine, policy, 0, BrokerSource(broker))
+    state = {k: v.clone() for k, v in server.engine.model.state_dict().items()}
+
+    async def follow() -> list[int]:
+        seen = []
+        await server.start()  # the follower polls every 20 ms from here
+        broker.publish(1, InMemoryWeights(state))
+        seen.append(await server.sync_weights(hold_s=1.0))
+        broker.publish(2, InMemoryWeights(state))
+        await asyncio.sleep(0.4)
+        seen.append(server.version())  # held: the follower left v2 alone
+        await asyncio.sleep(1.0)
+        seen.append(server.version())  # the hold ended: the follower loaded v2
+        broker.publish(3, InMemoryWeights(state))
+        seen.append(await server.sync_weights(hold_s=30.0))
+        broker.publish(4, InMemoryWeights(state))
+        seen.append(await server.sync_weights())  # a sync loads through a hold, and ends it
+        broker.publish(5, InMemoryWeights(state))
+        await asyncio.sleep(0.4)
+        seen.append(server.version())
+        return seen
+
+    threads = torch.get_num_threads()  # start() takes the engine's threads for this process
+    try:
+        assert asyncio.run(follow()) == [1, 1, 2, 3, 4, 5]
+    finally:
+        torch.set_num_threads(threads)
