@@ -40,13 +40,17 @@ either core split. Sync is unaffected (it generates each batch fresh). Staleness
 change what is measured: the learning rate is 0 (below).
 
 Async starts its groups in waves (``rollout.admission=waves``, ``--admission``): a rollout
-actor starts new groups only when all of its last ones have ended, as sync does each step, so
-the engine's batches hold episodes at the same stage. Admitted continuously instead (a group
-starts whenever one ends) the rows of a batch were at different turns, padded to the longest
-(24.6% of the key/value columns a decode step attended to were padding, against 4.4% in sync),
-and async's engines decoded 0.48-0.56 s a step against sync's 0.38-0.42: on 2026-11-27 nine
-72-step pairs reached 0.82-1.00 of the ideal (median 0.92), generation the slower side in those
-below 0.9. In waves, the same day, async's learner trained 99% of every step (waits 0.00 s).
+actor starts new groups only when all of its last ones have ended, as sync does each step, and
+the engines hold the wave's weights version until the next wave starts (``rollout.wave_hold_s``).
+Admitted continuously instead (a group starts whenever one ends) the rows of a batch were at
+different turns, padded to the longest (24.6% of the key/value columns a decode step attended to
+were padding, against 4.4% in sync), and a weight update mid-episode made the episode's cached
+turns stale: async's engines decoded 0.48-0.56 s a step against sync's 0.38-0.42, and on
+2026-11-27 nine 72-step pairs reached 0.82-1.00 of the ideal (median 0.92), generation the
+slower side in every pair below 0.9. In waves without the hold, two batches' groups started
+together prefilled 1,300 tokens a step against sync's 800 (updates mid-wave); with the hold,
+three 72-step pairs prefilled as much as sync, async's learner trained 97-100% of its steps,
+and the pairs reached 0.95, 0.88 and 1.11 (what is left is which mode drew the wider batches).
 
 Both modes run with ``learner.lr=0`` unless ``--learn``: every update is computed and applied,
 weights are published and engines reload them, but the policy stays the warm start, so both
