@@ -49,9 +49,9 @@ turns stale: async's engines decoded 0.48-0.56 s a step against sync's 0.38-0.42
 2026-11-27 nine 72-step pairs reached 0.82-1.00 of the ideal (median 0.92), generation the
 slower side in every pair below 0.9. In waves without the hold, two batches' groups started
 together prefilled 1,300 tokens a step against sync's 800 (updates mid-wave); with the hold,
-six 72-step pairs (two runs) prefilled as much as sync, async's learner trained 97-100% of its
-steps, and the pairs reached 0.95, 0.88, 1.11, 0.93, 1.00 and 0.91 (medians 0.95 and 0.93):
-what is left is which mode drew the wider batches.
+nine 72-step pairs (three runs) prefilled as much as sync, async's learner trained 97-100% of
+its steps, and the pairs reached 0.95 0.88 1.11 / 0.93 1.00 0.91 / 1.02 0.98 0.91 (medians 0.95,
+0.93 and 0.98): what is left is which mode drew the wider batches.
 
 Both modes run with ``learner.lr=0`` unless ``--learn``: every update is computed and applied,
 weights are published and engines reload them, but the policy stays the warm start, so both
