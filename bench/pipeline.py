@@ -9,9 +9,9 @@ g and t leave out the first ``--warmup`` steps of each run (one-time costs; asyn
 fill); the "all steps" column counts every step from the run's start. One pair is not a
 measurement on this 2-core VM: its speed drifts 10-20% from minute to minute, and a short
 run's batches come out wider or narrower by chance (a step trains for as long as its longest
-row). Runs are 72 steps (24 with ``--quick``): on 2026-11-27 six pairs of 24-step runs ranged
-0.69-1.04 of the ideal (medians of three 0.82 and 0.97 within the hour), nine pairs of 72-step
-runs 0.82-1.00 (medians 0.93, 0.90 and 0.85).
+row). Runs are 72 steps (24 with ``--quick``): on 2026-11-27, with continuous admission (below),
+six pairs of 24-step runs ranged 0.69-1.04 of the ideal (medians of three 0.82 and 0.97 within
+the hour), nine pairs of 72-step runs 0.82-1.00 (medians 0.93, 0.90 and 0.85).
 
 Both modes run with the same core split: generation (engine and rollout actors) on the first
 half of this machine's cores, the learner on the other half, so async can overlap the two
