@@ -27,11 +27,12 @@ from replay.registry import make_store
 from rollout.trajectory import Group
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 ACTOR_THREADS = 8
 """``max_concurrency`` for the host's actor: the waiting claim, producers' puts and stats."""
 RECHECK_S = 0.25
-"""A waiting claim also looks again this often: a group put into Redis by another client
-(not through this host) wakes no one."""
+"""A waiting claim or reservation also looks again this often: a group put into Redis, or an
+ack made, by another client (not through this host) wakes no one."""
 
 
 def _serial(method: F) -> F:
@@ -66,13 +67,7 @@ class ReplayHost:
         which publishes a version, or a release wakes it): a producer that starts its groups
         in waves (``rollout.admission``) starts the next one as soon as admission allows, not
         at its next poll."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            granted = self.reserve(n, producer)
-            left = deadline - time.monotonic()
-            if granted or left <= 0:
-                return granted
-            self._changed.wait(min(left, RECHECK_S))
+        return self._retry(lambda: self.reserve(n, producer), wait_s)
 
     @_serial
     def release(self, n: int, producer: str | None = None) -> None:
@@ -117,13 +112,19 @@ class ReplayHost:
     @_serial
     def claim_wait(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
         """``claim``, waiting up to ``wait_s`` for the groups to arrive (a put wakes it)."""
+        return self._retry(lambda: self.store.claim(n, live), wait_s)
+
+    def _retry(self, attempt: Callable[[], T], wait_s: float) -> T:
+        """``attempt()`` again whenever ``_changed`` is notified (or every ``RECHECK_S``) until
+        it gives a claim or a grant, or ``wait_s`` has passed. The caller holds ``_changed``;
+        waiting releases it, so puts, acks and releases go on meanwhile."""
         deadline = time.monotonic() + wait_s
         while True:
-            claim = self.store.claim(n, live)
+            got = attempt()
             left = deadline - time.monotonic()
-            if claim is not None or left <= 0:
-                return claim
-            self._changed.wait(min(left, RECHECK_S))  # lets puts in meanwhile
+            if got or left <= 0:  # None (no claim) and 0 (no grant) are nothing yet
+                return got
+            self._changed.wait(min(left, RECHECK_S))
 
     @_serial
     def ack(self, claim_id: str, version: int, commit: bool = False) -> None:

@@ -107,9 +107,9 @@ class RolloutWorker:
         """Produce groups until ``stop()``; re-raises the first failure of a group task."""
         self._stop.clear()
         active: set[asyncio.Task] = set()
+        waves = self.cfg.admission == "waves"
         try:
             while not self._stop.is_set():
-                waves = self.cfg.admission == "waves"
                 want = 0 if waves and active else self.cfg.groups_in_flight - len(active)
                 # A wave waits in replay for room (woken when the learner publishes), so it
                 # starts then, not at the next 50 ms poll, which no other group would hide.
