@@ -38,6 +38,7 @@ from learner.advantages.tool import main as tool_main
 
 E = 1e-6
 F = 1e-8  # IGPO's variance floor: std = sqrt(var + F) (the authors' corrected release)
+E = 1e-6  # IGPO's epsilon on top: x / (sqrt(var + F) + E), their compute_grpo_outcome_advantage
 NAN = float("nan")
 
 
@@ -164,7 +165,7 @@ IG_BATCH = make([0] * 5, [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 1, 1, 0, 0],
 def test_igpo_joint_pool():
     # Joint pool [0.2, 0.4, 1, 0, 0]: mean 0.32, devs -.12 .08 .68 -.32 -.32,
     # population var = (.0144+.0064+.4624+.1024+.1024)/5 = .1376.
-    s = math.sqrt(0.1376 + F)  # IGPO: sqrt(var + 1e-8), no eps
+    s = math.sqrt(0.1376 + F) + E  # IGPO: sqrt(var + 1e-8) + 1e-6
     ra, rb = [-0.12 / s, 0.08 / s, 0.68 / s], [-0.32 / s, -0.32 / s]
     # gamma = 1: A_T = r_T, A_t = r_t + A_{t+1}.
     expected = [ra[0] + ra[1] + ra[2], ra[1] + ra[2], ra[2], rb[0] + rb[1], rb[1]]
@@ -173,9 +174,9 @@ def test_igpo_joint_pool():
 
 def test_igpo_separate_pools_gamma_and_weight():
     # IG pool [0.2, 0.4, 0.0]: mean 0.2, population std sqrt(.08/3) -> z 0, +q, -q.
-    q = 0.2 / math.sqrt(0.08 / 3 + F)
-    # Outcome pool [1, 0]: z +-0.5/sqrt(0.25 + F).
-    o = 0.5 / math.sqrt(0.25 + F)
+    q = 0.2 / (math.sqrt(0.08 / 3 + F) + E)
+    # Outcome pool [1, 0]: z +-0.5/(sqrt(0.25 + F) + E).
+    o = 0.5 / (math.sqrt(0.25 + F) + E)
     # ig_weight 0.5 scales the IG z-scores; gamma 0.5 discounts.
     w, g = 0.5, 0.5
     a2 = o
@@ -193,7 +194,7 @@ def test_igpo_masked_and_missing_turns():
     # population var (.04 + .36 + .16) / 3.
     b = make([0] * 5, [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 1, 1, 0, 0],
              mask=[True, False, True, True, True], ig=[0.2, 0.4, 99, NAN, 99])
-    s = math.sqrt(0.56 / 3 + F)
+    s = math.sqrt(0.56 / 3 + F) + E
     res = compute_advantages(b, IGPOConfig())
     close(res.advantages, [-0.2 / s + 0.6 / s, 0, 0.6 / s, 0, -0.4 / s])
     assert res.mask.tolist() == [True, False, True, False, True]
@@ -210,20 +211,22 @@ def test_igpo_all_equal_and_singleton():
 def test_igpo_variance_floor_on_a_small_spread():
     # Issue 21 item 5. One group, two single-IG rollouts: IG 0.1 and 0.1001, answers 1 and 0,
     # separate pools. IG pool [0.1, 0.1001]: mean 0.10005, devs -+5e-5, population var 2.5e-9.
-    #  authors (sqrt(var + 1e-8)): 5e-5 / sqrt(1.25e-8) = 5e-5 / 1.1180e-4 = 0.4472 (the
-    #    issue quotes it truncated, +0.44)
-    #  plain sqrt(var) + 1e-6:    5e-5 / (5e-5 + 1e-6)  = 0.9804
-    # Outcome pool [1, 0]: +-0.5/sqrt(0.25 + 1e-8) = +-0.99999998; gamma 1 adds it to turn 0.
+    #  authors (sqrt(var + 1e-8) + 1e-6): 5e-5 / (1.1180e-4 + 1e-6) = 0.4432 (issue 41 item 8:
+    #    their epsilon; the issue that added the floor quoted +0.44)
+    #  plain sqrt(var) + 1e-6:            5e-5 / (5e-5 + 1e-6)     = 0.9804
+    # Outcome pool [1, 0]: +-0.5/(sqrt(0.25 + 1e-8) + 1e-6); gamma 1 adds it to turn 0.
     b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.1, NAN, 0.1001, NAN])
-    o = 0.5 / math.sqrt(0.25 + F)
+    o = 0.5 / (math.sqrt(0.25 + F) + E)
     ours = IGPOConfig(normalisation="separate")
     ig_z = compute_advantages(b, ours).advantages[[0, 2]] - np.array([o, -o])
-    close(ig_z, [-0.4472136, 0.4472136], rel=1e-6)
+    z = 5e-5 / (math.sqrt(2.5e-9 + F) + E)
+    close(ig_z, [-z, z], rel=1e-6)
+    assert round(z, 4) == 0.4432
     # The turn of IG 0.1001 gets +0.44 with the floor (default) and +0.98 without it.
-    plain = IGPOConfig(normalisation="separate", var_floor=0.0, eps=1e-6)
+    plain = IGPOConfig(normalisation="separate", var_floor=0.0)
     plain_z = compute_advantages(b, plain).advantages[[0, 2]] - np.array([0.5 / 0.500001] * 2) * [1, -1]
     close(plain_z, [-5e-5 / (5e-5 + 1e-6), 5e-5 / (5e-5 + 1e-6)], rel=1e-6)
-    assert round(ig_z[1], 2) == 0.45 and round(plain_z[1], 2) == 0.98
+    assert round(ig_z[1], 2) == 0.44 and round(plain_z[1], 2) == 0.98
 
 
 # ---------------------------------------------------------------- A^2TGPO
@@ -495,9 +498,9 @@ def test_igpo_adds_configured_prm_normalised_in_its_own_pool():
     b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.2, NAN, 0.0, NAN],
              prm=[0.9, 0.5, 0.1, 0.5])
     # Joint IG/outcome pool [.2, 1, 0, 0]: mean .3, devs -.1 .7 -.3 -.3, population var .17.
-    s = math.sqrt(0.17 + F)
+    s = math.sqrt(0.17 + F) + E
     # PRM pool [.9, .5, .1, .5]: mean .5, devs .4 0 -.4 0, population var .08, weight .5.
-    p = math.sqrt(0.08 + F)
+    p = math.sqrt(0.08 + F) + E
     ra = [-0.1 / s + 0.5 * 0.4 / p, 0.7 / s]
     rb = [-0.3 / s - 0.5 * 0.4 / p, -0.3 / s]
     expected = [ra[0] + ra[1], ra[1], rb[0] + rb[1], rb[1]]

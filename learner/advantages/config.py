@@ -73,9 +73,10 @@ class IGPOConfig(_EstimatorConfig):
     """Added to each pool's variance before the square root: ``std = sqrt(var + var_floor)``,
     the authors' corrected release (1e-8). It matters when a pool's spread is small: IG values
     0.1 and 0.1001 z-score to +-0.45 with it and +-0.98 without. 0 gives ``sqrt(var)``."""
-    eps: float = Field(0.0, ge=0.0)
-    """Added to the std before dividing (0: the authors' code adds nothing; with
-    ``var_floor`` 0 set it above 0, e.g. 1e-6)."""
+    eps: float = Field(1e-6, ge=0.0)
+    """Added to the std before dividing: ``(x - mean) / (sqrt(var + var_floor) + eps)``. The
+    authors' corrected release adds ``epsilon = 1e-6`` (``compute_grpo_outcome_advantage``
+    in their core_algos.py) on top of the variance floor."""
     singleton: Singleton = "zero"
     """A pool of one reward: ``zero`` (the authors' std := 1 leaves x - mean = 0) or ``raw``."""
 
