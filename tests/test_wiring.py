@@ -8,16 +8,19 @@ bootstraps a policy or starts an actor, so testing it on real task sources is te
 from __future__ import annotations
 
 import json
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cluster.config import ConfigError, RunConfig, load_config
 from cluster.requirements import check_requirements
 from envs.base import Environment, Task, TaskSource
 from envs.registry import make_task_source
+from learner.advantages import TurnBatch, anchor_hash, compute_advantages, required_fields
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tool_use"
 
@@ -155,7 +158,40 @@ def test_ignored_source_warns_when_opted_in_or_weighted_zero() -> None:
     ("tool_use", "matchtir", ["rewards.match={}", _PRM]),
 ])
 def test_turn_estimators_read_every_configured_source(env: str, estimator: str, extra: list[str]) -> None:
-    check_requirements(_config(env, estimator, *extra), _source(env))
+    from cluster.requirements import unread_sources
+
+    cfg = _config(env, estimator, *extra)
+    check_requirements(cfg, _source(env))  # raises on a source it would not read
+    weights = cfg.rewards.trained_weights()
+    assert "prm" in weights and unread_sources(cfg) == []
+    # "Reads" means the advantages move with it: change each configured source on one
+    # non-final turn (the outcome on one rollout) and the estimator's output must change.
+    base = _three_rollouts(weights)
+    before = compute_advantages(base, cfg.learner.estimator, weights).advantages
+    # The outcome is always scored; GiGPO's default episode return is the env reward instead.
+    read = {s for s in weights if s != "outcome"} | (required_fields(cfg.learner.estimator) & {"outcome"})
+    for source in read:
+        moved = _three_rollouts(weights, moved=source)
+        after = compute_advantages(moved, cfg.learner.estimator, weights).advantages
+        assert not np.allclose(before, after), f"{estimator} ignored {source}"
+
+
+def _three_rollouts(weights: dict[str, float], moved: str | None = None) -> TurnBatch:
+    """One group of three 2-turn rollouts with a value for every source in ``weights``
+    (and the env reward and anchors GiGPO reads); ``moved`` changes one value of that source:
+    turn 0 of rollout 0, or rollout 0's outcome. Three rollouts, because a pool of two
+    z-scores to +-1 whatever the values."""
+    values = {s: np.array([0.2, 0.7, 0.5, 0.1, 0.9, 0.4]) for s in {*weights, "env"} - {"outcome"}}
+    outcome = np.array([1.0, 1.0, 0.0, 0.0, 0.5, 0.5])
+    if moved == "outcome":
+        outcome[:2] = 0.25
+    elif moved is not None:
+        values[moved][0] = 0.65
+    return TurnBatch(
+        group_id=np.zeros(6, np.int64), rollout_id=np.repeat(np.arange(3), 2),
+        turn_index=np.tile(np.arange(2), 3), outcome=outcome, rewards=values,
+        anchor=np.array([anchor_hash(a) for a in ["s", "x", "s", "y", "s", "x"]]),
+        mask=np.ones(6, bool), invalid=None)
 
 
 def test_prm_estimator_needs_a_prm() -> None:
@@ -178,10 +214,14 @@ def test_prm_estimator_needs_a_prm() -> None:
 ])
 def test_supported_combinations_pass(env: str, estimator: str, extra: list[str]) -> None:
     from cluster.requirements import supplied_fields
-    from learner.advantages import required_fields
+
+    from cluster.requirements import unread_sources
 
     cfg, source = _config(env, estimator, *extra), _source(env)
-    check_requirements(cfg, source)  # raises on a combination it refuses
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # accepted means accepted silently, not with a warning
+        check_requirements(cfg, source)  # raises on a combination it refuses
+    assert unread_sources(cfg) == []  # nothing configured is scored and thrown away
     # and what it accepted is really covered: every field the estimator reads is supplied
     assert required_fields(cfg.learner.estimator) <= supplied_fields(cfg, source)
     assert cfg.learner.estimator.type == estimator and cfg.env.type == env
