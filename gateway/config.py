@@ -41,12 +41,17 @@ class LiveConfig(BaseModel):
     feedback_timeout_s: float = Field(600.0, gt=0)
     """A session with no request or feedback for this long is closed: scored and sent to
     replay, or dropped (``on_timeout``); counted either way."""
+    close_after_feedback_s: float = Field(10.0, gt=0)
+    """A session that has feedback is closed and submitted once no request or feedback came for
+    this long, without waiting for ``/end`` (the openai SDK and agent frameworks never call
+    it). A request after that starts a new session under the same id."""
     on_timeout: Literal["score", "drop"] = "score"
     """A session that times out without feedback: ``score`` it with the sources that need no
     gold (PRM, judge; those that cannot apply are skipped and counted), or ``drop`` it."""
     max_sessions: int = Field(10_000, ge=1)
-    """Open sessions kept; past this the least recently active one is closed as if it had
-    timed out, so memory stays bounded."""
+    """Open sessions kept; past this the least recently active one is closed (counted as
+    ``evicted``): submitted when it has feedback, else treated as if it had timed out
+    (``on_timeout``), so memory stays bounded."""
     num_cpus: float = Field(0.0, ge=0)
     """Ray CPUs reserved for the gateway actor. 0 by default: it parses, tokenizes and waits on
     the engines, which do the heavy work on their own reserved CPUs."""
@@ -56,4 +61,8 @@ class LiveConfig(BaseModel):
         if self.enabled and not self.tokens and self.host not in _LOOPBACK:
             raise ValueError(f"live.tokens: host {self.host!r} is not loopback, so the endpoint needs "
                              "at least one bearer token (or set live.host to 127.0.0.1)")
+        if any(set(t.get_secret_value()) <= {"*"} for t in self.tokens):
+            # the masked form a dumped config shows: loading it back would let anyone in
+            raise ValueError("live.tokens: an empty token, or one of only '*' (the masked form a dumped "
+                             "config shows), would let anyone in; give the real token")
         return self

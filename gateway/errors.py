@@ -16,6 +16,8 @@ class GatewayError(Exception):
 
     status = 400
     kind = "invalid_request_error"
+    code: str | None = None
+    """OpenAI's machine-readable ``code`` (``model_not_found`` ...); None where OpenAI sends null."""
 
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(f"{param}: {message}" if param else message)
@@ -24,7 +26,7 @@ class GatewayError(Exception):
 
     def body(self) -> dict[str, Any]:
         """OpenAI's error body."""
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class InvalidRequest(GatewayError):
@@ -38,6 +40,17 @@ class UnknownSession(GatewayError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__("session_id", f"unknown session {session_id!r}")
+
+
+class ModelNotFound(GatewayError):
+    """The request names a model this endpoint does not serve (HTTP 404, like OpenAI's)."""
+
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self, model: str, served: str) -> None:
+        super().__init__("model", f"the model {model!r} does not exist here; this endpoint serves "
+                                  f"{served!r} (GET /v1/models)")
 
 
 class SessionEnded(GatewayError):

@@ -37,6 +37,8 @@ class _Snapshot:
 
 
 _BY_LABEL = (
+    ("closed", "turnrl_gateway_sessions_closed", "Live sessions closed, by cause (ended, feedback_idle, "
+     "timed_out, evicted, run_ended).", "cause"),
     ("episodes", "turnrl_gateway_episodes", "Live segments by what became of them.", "result"),
     ("feedback", "turnrl_gateway_feedback", "Feedback by result.", "result"),
     ("recorder", "turnrl_gateway_recorder_events",
@@ -45,6 +47,7 @@ _BY_LABEL = (
 
 FAMILIES = frozenset({
     "turnrl_gateway_requests_total", "turnrl_gateway_tokens_total", "turnrl_gateway_sessions_open",
+    "turnrl_gateway_sessions_closed_total",
     "turnrl_gateway_episodes_total", "turnrl_gateway_feedback_total", "turnrl_gateway_recorder_events_total",
     "turnrl_gateway_policy_version", *(f"turnrl_gateway_request_latency_seconds{x}" for x in ("_bucket", "_sum", "_count")),
 })

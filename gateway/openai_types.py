@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from gateway.errors import InvalidRequest, from_validation
+from rollout.engines.base import SEED_RANGE
 
 # OpenAI parameters this endpoint knows but does not implement: named in the 400 as unsupported
 # rather than unknown, so a client learns the server read the name.
@@ -107,6 +108,8 @@ class ChatCompletionRequest(_Strict):
 
     messages: list[Message] = Field(min_length=1)
     model: str | None = None
+    """Must be the served model's id (``live.model_name``; absent: that one); any other is a 404
+    ``model_not_found``, as OpenAI answers."""
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     """``required`` and named functions need constrained decoding, which this server does not do."""
@@ -122,7 +125,9 @@ class ChatCompletionRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
+    """Reproducible sampling: the same request with the same seed samples the same tokens on
+    the same weights version (choice ``i`` of ``n`` is seeded ``seed + i``)."""
     presence_penalty: Literal[0] | None = None
     frequency_penalty: Literal[0] | None = None
     parallel_tool_calls: Literal[True] | None = None

@@ -2,7 +2,7 @@
 
 ``LiveGateway.start()`` binds the configured host and port (0: a free one), serves the app with
 uvicorn on the actor's own event loop (so engine calls, streams and session sweeps share it
-with HTTP), starts the feedback-timeout sweeper and returns the OpenAI base URL. The same
+with HTTP), starts the sweeper that closes idle sessions and returns the OpenAI base URL. The same
 class runs in-process for tests and benches.
 """
 
@@ -18,6 +18,8 @@ from gateway.config import LiveConfig
 from gateway.service import LiveService
 
 log = logging.getLogger(__name__)
+STOP_DRAIN_S = 10.0
+"""How long ``stop`` waits for live submissions already under way."""
 
 
 class LiveGateway:
@@ -58,7 +60,7 @@ class LiveGateway:
         return f"http://{self.address}/v1"
 
     async def _sweep(self) -> None:
-        period = min(self.cfg.feedback_timeout_s / 4, 5.0)
+        period = min(self.cfg.feedback_timeout_s / 4, self.cfg.close_after_feedback_s / 4, 5.0)
         while True:
             await asyncio.sleep(period)
             try:
@@ -77,8 +79,15 @@ class LiveGateway:
         await self.service.drain()
 
     async def stop(self) -> None:
+        """Finish the requests in flight, then close every session still open (counted
+        ``run_ended``, kept in the record file) and wait for the submissions under way."""
         if self._server is not None:
             self._server.should_exit = True
             await asyncio.gather(self._tasks[0], return_exceptions=True)
         for task in self._tasks[1:]:
             task.cancel()
+        await self.service.close_all("run_ended")
+        try:  # submissions under way; the driver gives stop() 30 s in all
+            await asyncio.wait_for(self.service.drain(), STOP_DRAIN_S)
+        except asyncio.TimeoutError:
+            log.warning("gateway: %d live submissions still running at stop", len(self.service._pending))  # noqa: SLF001

@@ -4,18 +4,23 @@
 parse and validate (400 naming the parameter), check replay's room for live groups (only with
 ``when_full: reject``: 429), build the prompt in token space through the session recorder,
 sample through the engine client (the same engine group the rollout workers use), answer,
-record. Sessions close on ``end`` plus feedback, or after ``feedback_timeout_s`` idle; a
-closed session's segments go to the reward service as groups of one, which scores them with
+record. A session closes, counted by cause (``CLOSE_CAUSES``), on ``end`` plus feedback
+(``ended``), ``close_after_feedback_s`` after its feedback when no request follows
+(``feedback_idle``), after ``feedback_timeout_s`` idle (``timed_out``), when ``max_sessions``
+needs its room (``evicted``), or when the run stops (``run_ended``). It leaves the session table
+at once; its segments then go to the reward service as groups of one, which scores them with
 the sources that apply and puts them into replay unscheduled (they never take a rollout
-producer's reservation). A refused put sheds the recording, counted; serving never waits on it.
+producer's reservation), or are dropped; every segment is counted by what became of it
+(``EPISODE_RESULTS``). A refused put sheds the recording, counted; serving never waits on it.
 With ``record_path`` every closed segment is also appended there as JSONL (``{"replay": put
-status, "trajectory": ...}``), the run's record of what it served.
+status or why it was dropped, "trajectory": ...}``), the run's record of what it served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
 from gateway.config import LiveConfig
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.feedback import apply_feedback
 from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, Usage, \
     parse_chat_request
@@ -34,10 +39,18 @@ from rollout.engines.base import Completion, SamplingParams, add_span
 from rollout.engines.client import EngineClient
 from rollout.trajectory import Group, Trajectory
 
+log = logging.getLogger(__name__)
+
 EPISODE_RESULTS = ("recorded", "shed", "not_trained", "dropped_no_feedback", "dropped_unscorable",
-                   "client_disconnected")
+                   "dropped_run_ended", "submit_failed", "client_disconnected")
 """What became of each closed segment: ``recorded`` into replay, ``shed`` (replay refused it:
-full, stale), ``not_trained`` (the run trains on rollouts only: kept in live_sessions.jsonl)."""
+full, stale), ``not_trained`` (the run trains on rollouts only: kept in live_sessions.jsonl),
+dropped (no feedback and ``on_timeout: drop``; no feedback and no source that scores without
+it; the run stopped first), ``submit_failed`` (the reward service raised; logged). And per
+request: ``client_disconnected`` (a stream abandoned before its end, nothing recorded)."""
+CLOSE_CAUSES = ("ended", "feedback_idle", "timed_out", "evicted", "run_ended")
+"""Why a session closed: ``/end`` after (or before) feedback, ``close_after_feedback_s`` idle
+after feedback, ``feedback_timeout_s`` idle, ``max_sessions`` needed the room, the run stopped."""
 
 
 class Overloaded(GatewayError):
@@ -90,11 +103,14 @@ class LiveService:
         self._feedback: set[str] = set()
         self._episodes = dict.fromkeys(EPISODE_RESULTS, 0)
         self._feedback_counts = {"received": 0, "invalid": 0, "timed_out": 0}
+        self._closed = dict.fromkeys(CLOSE_CAUSES, 0)
         self._pending: set[asyncio.Task] = set()
 
     # -- chat ------------------------------------------------------------------------------
     async def open_call(self, body: Any, session_header: str | None) -> _Call:
         req = parse_chat_request(body)
+        if req.model is not None and req.model != self.cfg.model_name:
+            raise ModelNotFound(req.model, self.cfg.model_name)
         if self.cfg.when_full == "reject" and self.ports is not None and await self.ports.live_room() <= 0:
             raise Overloaded(self.cfg.retry_after_s)
         sid = session_id_for(session_header, req.user)
@@ -106,7 +122,8 @@ class LiveService:
                                  f"max_tokens {max_new} it exceeds the server's context of "
                                  f"{self.cfg.max_context_tokens} tokens")
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_new,
-                                stop_token_ids=req.stop_token_ids(self.engine.tokenizer), n=req.n)
+                                stop_token_ids=req.stop_token_ids(self.engine.tokenizer), n=req.n,
+                                seed=req.seed)
         return _Call(req, prepared, params, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
     async def complete(self, call: _Call) -> dict[str, Any]:
@@ -130,7 +147,7 @@ class LiveService:
 
         async def pump(i: int) -> None:
             try:
-                async for chunk in self.engine.stream(call.prepared.prompt_ids, call.params, comps[i].request_id,
+                async for chunk in self.engine.stream(call.prepared.prompt_ids, call.params.choice(i), comps[i].request_id,
                                                       session_id=call.prepared.session_id):
                     await queue.put((i, chunk))
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
@@ -215,76 +232,102 @@ class LiveService:
             raise
         self._feedback_counts["received"] += 1
         self._feedback.add(session_id)
+        self.recorder.touch(session_id)  # close_after_feedback_s counts from here
         session = self.recorder.get(session_id)
+        out = {"session_id": session_id, "turns": session.num_turns(), "outcome": fb.outcome,
+               "submitted": session.ended}
         if session.ended:
-            self._spawn(self._close(session_id))
-        return {"session_id": session_id, "turns": session.num_turns(), "outcome": fb.outcome,
-                "submitted": session.ended}
+            self._close_now(session_id, "ended")
+        return out
 
     def end(self, session_id: str) -> dict[str, Any]:
         self.recorder.end(session_id)
         session = self.recorder.get(session_id)
         has_feedback = session_id in self._feedback
+        out = {"session_id": session_id, "turns": session.num_turns(), "submitted": has_feedback}
         if has_feedback:
-            self._spawn(self._close(session_id))
-        return {"session_id": session_id, "turns": session.num_turns(), "submitted": has_feedback}
+            self._close_now(session_id, "ended")
+        return out
 
     async def sweep(self) -> int:
-        """Close sessions idle past ``feedback_timeout_s``; returns how many."""
-        idle = self.recorder.idle(self.cfg.feedback_timeout_s)
-        for sid in idle:
-            await self._close(sid, timed_out=True)
-        return len(idle)
+        """Close the sessions with feedback idle past ``close_after_feedback_s`` and every
+        session idle past ``feedback_timeout_s``; waits for their submissions; returns how many."""
+        after_feedback = [s for s in self.recorder.idle(self.cfg.close_after_feedback_s) if s in self._feedback]
+        timed_out = [s for s in self.recorder.idle(self.cfg.feedback_timeout_s) if s not in after_feedback]
+        tasks = [self._close_now(s, "feedback_idle") for s in after_feedback]
+        tasks += [self._close_now(s, "timed_out") for s in timed_out]
+        await asyncio.gather(*[t for t in tasks if t is not None])
+        return len(tasks)
+
+    async def close_all(self, cause: str = "run_ended") -> int:
+        """Close every open session (the run is stopping); returns how many."""
+        sids = self.recorder.idle(0.0)
+        await asyncio.gather(*[t for t in (self._close_now(s, cause) for s in sids) if t is not None])
+        return len(sids)
 
     def _make_room(self, session_id: str) -> None:
-        try:
-            self.recorder.get(session_id)
-            return
-        except GatewayError:
-            pass
-        while self.stats()["sessions_open"] >= self.cfg.max_sessions:
-            oldest = self.recorder.idle(0.0)[0]
-            self._spawn(self._close(oldest, timed_out=True))
-            self.recorder.get(oldest).ended = True
-            self._spawn_close_now(oldest)
-
-    def _spawn_close_now(self, session_id: str) -> None:
-        """Take a session out of the table at once (its submission runs in the background)."""
-        # _close pops it synchronously before its first await, so this is only a guard.
+        """Before ``session_id`` opens: close the least recently active sessions while the
+        table is full (``max_sessions``)."""
         if session_id in self.recorder._sessions:  # noqa: SLF001 - same package
-            self.recorder.close(session_id)
+            return
+        while len(self.recorder._sessions) >= self.cfg.max_sessions:  # noqa: SLF001
+            self._close_now(self.recorder.idle(0.0)[0], "evicted")
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _close(self, session_id: str, timed_out: bool = False) -> None:
+    def _close_now(self, session_id: str, cause: str) -> asyncio.Task | None:
+        """Take the session out of the table now (its id may open a new session at once) and
+        submit, score or drop its segments in the background; None when it was closed already."""
         try:
             segments = self.recorder.close(session_id)
         except GatewayError:
-            return  # closed already (end and feedback raced, or evicted)
+            return None
         had_feedback = session_id in self._feedback
         self._feedback.discard(session_id)
-        if timed_out and not had_feedback:
-            self._feedback_counts["timed_out"] += 1
-            dropped = "dropped_no_feedback" if self.cfg.on_timeout == "drop" else \
-                None if self.scorable_without_feedback else "dropped_unscorable"
-            if dropped is not None:
-                self._episodes[dropped] += len(segments)
-                for seg in segments:
-                    for task in self._early.pop(seg.trajectory.group_id, {}).values():
-                        task.cancel()
-                return
+        self._closed[cause] += 1
+        return self._spawn(self._submit(segments, had_feedback, cause))
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
+
+    def _dropped(self, had_feedback: bool, cause: str) -> str | None:
+        """Why a closed session's segments are not submitted (None: they are)."""
+        if cause == "run_ended":
+            return "dropped_run_ended"  # the learner is done: recorded in the file only
+        if had_feedback:
+            return None
+        self._feedback_counts["timed_out"] += 1  # closed without feedback (timed out, evicted)
+        if self.cfg.on_timeout == "drop":
+            return "dropped_no_feedback"
+        return None if self.scorable_without_feedback else "dropped_unscorable"
+
+    async def _submit(self, segments: list[Any], had_feedback: bool, cause: str) -> None:
+        dropped = self._dropped(had_feedback, cause)
         for seg in segments:
             traj = seg.trajectory
-            await self._prejudged(traj)
-            status = "no_replay" if self.ports is None else await self.ports.submit(
-                Group(group_id=traj.group_id, task_id=traj.task_id, trajectories=[traj]))
-            self._episodes[{"accepted": "recorded", "no_replay": "not_trained"}.get(status, "shed")] += 1
+            if dropped is not None:
+                for task in self._early.pop(traj.group_id, {}).values():
+                    task.cancel()
+                status = dropped
+            else:
+                await self._prejudged(traj)
+                status = await self._put(traj)
+            self._episodes[status if status in self._episodes else
+                           {"accepted": "recorded", "no_replay": "not_trained"}.get(status, "shed")] += 1
             if self.record_path is not None:  # what was served, as recorded (before scoring)
                 with self.record_path.open("a") as fh:
                     fh.write(json.dumps({"replay": status, "trajectory": traj.model_dump(mode="json")}) + "\n")
+
+    async def _put(self, traj: Trajectory) -> str:
+        """Score and put one segment; the replay status (``no_replay``: not trained on)."""
+        if self.ports is None:
+            return "no_replay"
+        try:
+            return await self.ports.submit(Group(group_id=traj.group_id, task_id=traj.task_id, trajectories=[traj]))
+        except Exception:  # noqa: BLE001 - counted and logged; the other segments still go
+            log.exception("gateway: submitting live segment %s failed", traj.group_id)
+            return "submit_failed"
 
     async def drain(self) -> None:
         """Wait for background submissions (tests, shutdown)."""
@@ -293,5 +336,6 @@ class LiveService:
 
     def stats(self) -> dict[str, Any]:
         return {"sessions_open": len(self.recorder._sessions),  # noqa: SLF001 - same package
+                "closed": dict(self._closed),
                 "episodes": dict(self._episodes), "feedback": dict(self._feedback_counts),
                 "recorder": self.recorder.counters, "version": self.engine.version}

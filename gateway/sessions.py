@@ -30,7 +30,9 @@ choice when the next request arrives; the other ``n - 1`` choices are counted as
 
 A request recorded against a session that moved on since it was prepared (two requests of one
 session in flight at once) opens a new segment with the prompt it was sampled from
-(``concurrent_requests``).
+(``concurrent_requests``). One whose session was closed while it was sampled (evicted, timed
+out) opens a new session under the same id, so what was served is still recorded
+(``closed_in_flight``).
 
 Thread-safety: none needed and none provided. The gateway is one asyncio event loop on one
 thread; ``prepare`` and ``record`` never await, so each runs atomically between the engine
@@ -49,7 +51,8 @@ from gateway.toolcalls import AssistantReply, same_message
 from rollout import chat
 from rollout.trajectory import Trajectory, Turn
 
-CAUSES = ("history_rewritten", "template_not_append_only", "retokenization_drift", "concurrent_requests")
+CAUSES = ("history_rewritten", "template_not_append_only", "retokenization_drift", "concurrent_requests",
+          "closed_in_flight")
 COUNTERS = ("sessions_opened", "sessions_closed", "requests", "stitched", "stitched_by_render",
             "segments", "unchosen_choices", *CAUSES)
 
@@ -79,6 +82,8 @@ class PreparedPrompt:
     tools: list[dict[str, Any]]
     revision: int
     """The session's revision when prepared; ``record`` checks it has not moved."""
+    serial: int = 0
+    """Which opening of this session id it was prepared in; ``record`` checks it is still open."""
     continues: int | None = None
     """Which choice of the previous request this one continues (None: a new segment)."""
     observation_ids: list[int] = field(default_factory=list)
@@ -120,6 +125,9 @@ class _Last:
 class Session:
     session_id: str
     last_active: float
+    """When the last request was recorded or feedback came (the idle clocks start here)."""
+    serial: int = 0
+    """The recorder's count of opened sessions when this one opened (ids are reused)."""
     segments: list[LiveSegment] = field(default_factory=list)
     last: _Last | None = None
     revision: int = 0
@@ -154,9 +162,13 @@ class SessionRecorder:
     def open(self, session_id: str) -> Session:
         """The session, created on first use."""
         if session_id not in self._sessions:
-            self._sessions[session_id] = Session(session_id, last_active=self.clock())
             self._counters["sessions_opened"] += 1
+            self._sessions[session_id] = Session(session_id, self.clock(), self._counters["sessions_opened"])
         return self._sessions[session_id]
+
+    def touch(self, session_id: str) -> None:
+        """Activity other than a request (feedback): the session's idle time starts again."""
+        self.get(session_id).last_active = self.clock()
 
     def get(self, session_id: str) -> Session:
         if session_id not in self._sessions:
@@ -195,7 +207,7 @@ class SessionRecorder:
         session = self.open(session_id)
         if session.ended:
             raise SessionEnded(session_id)
-        base = PreparedPrompt(session_id, [], messages, tools, session.revision)
+        base = PreparedPrompt(session_id, [], messages, tools, session.revision, session.serial)
         last = session.last
         if last is None:
             base.prompt_ids = chat.prompt_ids(self.tokenizer, messages, tools)
@@ -234,13 +246,18 @@ class SessionRecorder:
         if not completions or len(completions) != len(replies):
             raise ValueError(f"record needs one reply per completion ({len(completions)} completions, "
                              f"{len(replies)} replies)")
-        session = self.get(prepared.session_id)
+        session = self._sessions.get(prepared.session_id)
+        reopened = session is None or session.serial != prepared.serial
+        if session is None:  # closed while this request was sampled: keep what was served all the same
+            session = self.open(prepared.session_id)
         eos = self.tokenizer.eos_token_id
         choices = [_Choice(_turn_from_completion(c, r), c.finish_reason,
                            bool(c.token_ids) and c.token_ids[-1] == eos, r.template_message())
                    for c, r in zip(completions, replies)]
         followed = None
-        if prepared.revision != session.revision:
+        if reopened:
+            self._open_segment(session, prepared.prompt_ids, "closed_in_flight")
+        elif prepared.revision != session.revision:
             self._open_segment(session, prepared.prompt_ids, "concurrent_requests")
         elif prepared.continues is not None:
             self._continue_segment(session, prepared)
