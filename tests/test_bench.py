@@ -6,6 +6,8 @@ only 225 1-hop questions")."""
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +55,22 @@ def test_quick_benchmark_runs(script: str, needle: str) -> None:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert needle in proc.stdout
+    if script != "kv_cache":  # its needle heads a table; the rows below hold the numbers
+        value = _number_after(proc.stdout, needle)
+        assert math.isfinite(value) and value >= 0, f"{needle!r} line: {value}"
+    if script == "serving":  # every request of both phases answered: the failed column is 0
+        rows = [line.split() for line in proc.stdout.splitlines()
+                if line.startswith(("no publishes", "publishes"))]
+        assert len(rows) == 2 and all(row[-5] == "0" for row in rows), proc.stdout[-2000:]
+        assert "failed:" not in proc.stdout
+
+
+def _number_after(stdout: str, needle: str) -> float:
+    """The first number printed after ``needle`` on its line."""
+    line = next(line for line in stdout.splitlines() if needle in line)
+    match = re.search(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", line.split(needle, 1)[1])
+    assert match, f"no number after {needle!r} in {line!r}"
+    return float(match.group())
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
