@@ -1,9 +1,10 @@
 """Runs as Ray jobs, through Ray's Job Submission API (so ``ray job list/logs/stop`` see them).
 
-A run's submission id is its run id. The entrypoint is ``python -m cluster.cli train
-<run_dir>/run.yaml`` started in the configured working directory; stopping sends the job the
-configured signal (Ray's ``RAY_JOB_STOP_SIGNAL``) and gives it ``stop_grace_s`` to write its
-final checkpoint before Ray kills it.
+A run's submission id is its run id. The entrypoint is ``python -m services.job
+<run_dir>/run.yaml`` (``turnrl train`` with the run's secrets, ``services.secrets``) started in
+the configured working directory; stopping sends the job the configured signal (Ray's
+``RAY_JOB_STOP_SIGNAL``) and gives it ``stop_grace_s`` to write its final checkpoint before
+Ray kills it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class RayJobs:
     def entrypoint(self, config_path: Path) -> str:
         python = self.cfg.python or sys.executable
         workdir = self.cfg.workdir()
-        train = f"{shlex.quote(python)} -m cluster.cli train {shlex.quote(str(config_path))}"
+        # services.job is `turnrl train` with the run's secrets read from its 0600 file
+        train = f"{shlex.quote(python)} -m services.job {shlex.quote(str(config_path))}"
         if self.cfg.stop_signal == "SIGINT":
             # Ray starts jobs with SIGINT ignored; GNU env restores the default so that Python
             # turns the stop signal into KeyboardInterrupt (the driver's checkpointing path).

@@ -29,6 +29,7 @@ from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
 from services.registry import ACTIVE, TERMINAL, RunRecord, RunRegistry
+from services.secrets import write_secrets
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,9 @@ class RunManager:
     def _record(self, owner: str, slug: str, run_cfg: RunConfig, run_dir: Path) -> RunRecord:
         run_dir.mkdir(mode=0o700)  # other users of the machine cannot look in
         config_path = run_dir / RUN_CONFIG_FILE
+        # what people see: secrets masked; the job reads their real values from the 0600 file
         config_path.write_text(yaml.safe_dump(run_cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
+        write_secrets(run_dir, run_cfg)
         now = time.time()
         rec = RunRecord(id=run_dir.name, owner=owner, name=slug, status="pending", run_dir=str(run_dir),
                         total_steps=run_cfg.train.steps, created_at=now, updated_at=now)

@@ -32,6 +32,7 @@ from services.ray_cluster import free_port
 
 pytestmark = pytest.mark.slow
 ALICE, BOB, VIEWER = "alice-e2e-token-0123456789", "bob-e2e-token-0123456789", "viewer-e2e-token-0123456789"
+LIVE_TOKEN = "alice-live-endpoint-token-0123456789"  # run A's own endpoint token (live.tokens)
 WAIT_S = 300  # generous: the first DeepSpeed init compiles an op, and CI machines are shared
 
 
@@ -45,11 +46,11 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S, eve
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def run_body(name: str, steps: int) -> dict[str, Any]:
+def run_body(name: str, steps: int, *extra: str) -> dict[str, Any]:
     """No policy.cache_dir: the service puts alice's runs on her tenant cache (see Stack)."""
     from cluster.config import apply_overrides
 
-    return apply_overrides({}, [*TINY_OVERRIDES, f"name={name}",
+    return apply_overrides({}, [*TINY_OVERRIDES, *extra, f"name={name}",
                                 f"train.steps={steps}", "eval.num_tasks=0", "rollout.group_size=2",
                                 "learner.batch_groups=2", "rollout.groups_in_flight=2", "rollout.max_new_tokens=24",
                                 "learner.num_cpus=0.5"])
@@ -129,9 +130,10 @@ def stack(request, tmp_path_factory, policy_cache) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def runs(stack: Stack) -> dict[str, str]:
-    """Run A (500 steps, stopped by the last test) and run B (2 steps), submitted once."""
+    """Run A (500 steps, serving a live endpoint behind a token, stopped by the last test) and
+    run B (2 steps), submitted once."""
     with stack.client() as client:
-        stack.submitted["A"] = client.submit(run_body("long", steps=500))
+        stack.submitted["A"] = client.submit(run_body("long", 500, "live.enabled=true", f"live.tokens=[{LIVE_TOKEN}]"))
         stack.submitted["B"] = client.submit(run_body("short", steps=2))
     stack.ids.update(A=stack.submitted["A"]["id"], B=stack.submitted["B"]["id"])
     return stack.ids
@@ -189,14 +191,14 @@ def test_status_logs_and_actor_metrics(stack: Stack, runs: dict[str, str]) -> No
                 break
         assert "step " in seen and "[1/5]" not in seen
         endpoints = wait_for(lambda: client.status(run_id)["metrics_endpoints"], "actor metrics endpoints")
-    assert len(endpoints) == 5  # replay, reward, rollout, engine, learner
+    assert len(endpoints) == 6  # replay, reward, rollout, engine, learner, and run A's live gateway
     text = "".join(httpx.get(f"http://{ep}/metrics", timeout=10).text for ep in endpoints)
     assert "turnrl_learner_steps_total{run=" in text and "turnrl_engine_generated_tokens_total" in text
     assert "turnrl_replay_staleness_versions_bucket" in text and "turnrl_reward_trajectories_total" in text
     mirrored = stack.tmp / "state" / "prometheus" / f"{run_id}.json"  # what deploy/prometheus.yml globs
     wait_for(mirrored.exists, "the file_sd mirror of run A", timeout_s=30)
     assert {e["labels"]["component"] for e in json.loads(mirrored.read_text())} == {
-        "replay", "reward", "rollout", "engine", "learner"}
+        "replay", "reward", "rollout", "engine", "learner", "gateway"}
     assert "[2/5] ray + actors" in _ray_cli("logs", run_id, "--address", stack.ray_url)
 
 
@@ -216,7 +218,8 @@ def test_dashboard_renders_live_charts_in_chromium(stack: Stack, runs: dict[str,
         counts = ("Array.from(document.querySelectorAll('section.panel:not([hidden]) svg.chart'))"
                   ".map(s => +s.dataset.points)")
         first = wait_for(lambda: (c := browser.evaluate(counts)) and min(c) >= 2 and c, "data points in all charts")
-        assert len(first) == 5 and browser.evaluate("document.getElementById('chart-live').closest('section').hidden")
+        # run A serves a live endpoint, so its rows carry live/* metrics and the live panel shows
+        assert len(first) == 6 and not browser.evaluate("document.getElementById('chart-live').closest('section').hidden")
         browser.evaluate("window.__sameDocument = true")  # survives only if the page never reloads
         grown = wait_for(lambda: browser.evaluate(counts)[0] > first[0] and browser.evaluate(counts),
                          "the charts to update without a reload", timeout_s=120)
@@ -242,6 +245,22 @@ def test_auth_and_validation_on_the_live_service(stack: Stack, runs: dict[str, s
     with stack.client() as client, pytest.raises(ServiceError) as err:
         client.submit({"rollout": {"group_size": 0}})
     assert err.value.status == 422 and err.value.detail[0]["loc"] == "rollout.group_size"
+
+
+def test_live_endpoint_takes_the_real_token_not_the_masked_one(stack: Stack, runs: dict[str, str]) -> None:
+    """Issue 41 item 1: admission keeps the run's secret; everything people see shows it masked."""
+    with stack.client() as client:
+        url = wait_for(lambda: client.status(runs["A"])["live_url"], "run A's live endpoint")
+        detail, logs = client.status(runs["A"]), client.logs(runs["A"], tail=400)
+    masked = httpx.get(f"{url}/models", headers={"Authorization": "Bearer **********"}, timeout=30)
+    real = httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {LIVE_TOKEN}"}, timeout=30)
+    assert masked.status_code == 401 and real.status_code == 200, (masked.text, real.text)
+    assert real.json()["data"][0]["id"] == "turnrl-policy"
+    run_dir = Path(detail["run_dir"])
+    assert yaml.safe_load((run_dir / "run.yaml").read_text())["live"]["tokens"] == ["**********"]
+    assert json.loads((run_dir / "config.json").read_text())["live"]["tokens"] == ["**********"]
+    assert LIVE_TOKEN not in json.dumps(detail) + logs + (run_dir / "run.yaml").read_text()
+    assert LIVE_TOKEN not in (run_dir / "config.json").read_text()
 
 
 def test_cli_lists_and_shows_runs(stack: Stack, runs: dict[str, str]) -> None:

@@ -34,7 +34,7 @@ from services.ray_cluster import free_port
 pytestmark = pytest.mark.slow
 EXAMPLES = 25  # per operation and token kind: ~30 s on 2 cores
 FAKE_PYTHON = """#!/bin/sh
-# Stands in for the interpreter of `python -m cluster.cli train <run.yaml>`: shows what a run sees.
+# Stands in for the interpreter of `python -m services.job <run.yaml>`: shows what a run sees.
 echo "job args: $*"
 env
 """
@@ -108,8 +108,10 @@ def _files(root: Path) -> Iterator[Path]:
 
 
 def test_tokens_appear_nowhere_a_run_or_the_service_writes(live: Service) -> None:
-    res = httpx.post(f"{live.url}/v1/runs", json={"name": "leak-check", "eval": {"num_tasks": 0}},
-                     headers=bearer(BOB))
+    live_token = "bobs-live-endpoint-token-0123456789"  # a run's own secret (live.tokens)
+    res = httpx.post(f"{live.url}/v1/runs", json={"name": "leak-check", "eval": {"num_tasks": 0},
+                                                  "live": {"enabled": True, "tokens": [live_token]}},
+                     headers=bearer(BOB), timeout=120)
     assert res.status_code == 201, res.text
     run_id = res.json()["id"]
     deadline = time.monotonic() + 120
@@ -118,7 +120,7 @@ def test_tokens_appear_nowhere_a_run_or_the_service_writes(live: Service) -> Non
         assert time.monotonic() < deadline, run
         time.sleep(0.5)
     logs = httpx.get(f"{live.url}/v1/runs/{run_id}/logs", headers=bearer(BOB)).text
-    assert f"job args: -m cluster.cli train {run['run_dir']}/run.yaml" in logs and "PYTHONUNBUFFERED=1" in logs
+    assert f"job args: -m services.job {run['run_dir']}/run.yaml" in logs and "PYTHONUNBUFFERED=1" in logs
     assert "TURNRL_SERVICE_TOKENS" not in logs  # the job's whole environment is in its log
     responses = [res.text, logs, httpx.get(f"{live.url}/v1/runs", headers=bearer(BOB)).text,
                  httpx.get(f"{live.url}/openapi.json", headers=bearer(BOB)).text,
@@ -129,6 +131,10 @@ def test_tokens_appear_nowhere_a_run_or_the_service_writes(live: Service) -> Non
     assert "'bob'" in rows
     written = [p for root in (live.tmp, live.ray_temp) for p in _files(root)]
     assert any(p.name == "run.yaml" for p in written) and any("job-driver" in p.name for p in written)
-    for token in (ALICE, BOB, VIEWER):
-        assert not [p for p in written if token.encode() in p.read_bytes()], f"{token} written to a file"
+    for token in (ALICE, BOB, VIEWER, live_token):
+        leaked = [p for p in written if token.encode() in p.read_bytes() and p.name != "secrets.json"]
+        assert not leaked, f"{token} written to {leaked}"
         assert all(token not in text for text in [*responses, rows])
+    # the live token's one copy: the 0600 file the job's entrypoint reads (services.secrets)
+    secrets = Path(run["run_dir"]) / "secrets.json"
+    assert live_token in secrets.read_text() and secrets.stat().st_mode & 0o077 == 0

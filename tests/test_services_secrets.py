@@ -1,0 +1,61 @@
+"""Secrets survive admission (issue 41 item 1), over real HTTP with no Ray behind the service.
+
+A run submitted with ``live.tokens`` is recorded with the masked form in ``run.yaml`` and the
+real token in a 0600 ``secrets.json``; the job's entrypoint (``services.job``) rebuilds the
+config with the real token, and a config holding only the masked form is refused. The live
+endpoint itself answering 401 to ``**********`` and 200 to the real token is checked on a real
+run in tests/test_services_e2e.py.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from pydantic import BaseModel, SecretStr
+
+from cluster.config import ConfigError, RunConfig, load_config
+from services.secrets import SECRETS_FILE, secret_fields, secret_overrides
+
+from service_fixture import ALICE, bearer, ray_down, serve
+
+REAL = "live-token-of-alice-0123456789"
+
+
+def test_a_submitted_secret_reaches_the_job_only_through_its_0600_file(tmp_path) -> None:
+    body = {"name": "secret", "live": {"enabled": True, "host": "0.0.0.0", "tokens": [REAL]}}
+    with serve(ray_down(tmp_path)) as svc:
+        res = httpx.post(f"{svc.url}/v1/runs", json=body, headers=bearer(ALICE), timeout=120)  # first admission imports the actors
+        assert res.status_code == 503  # admitted and recorded; Ray is down, so it never starts
+        listed = httpx.get(f"{svc.url}/v1/runs", headers=bearer(ALICE))
+        run_dir = Path(svc.state.manager.registry.list(owner="alice")[0].run_dir)
+    shown = (run_dir / "run.yaml").read_text()
+    assert yaml.safe_load(shown)["live"]["tokens"] == ["**********"] and REAL not in shown
+    assert REAL not in res.text + listed.text
+    secrets = run_dir / SECRETS_FILE
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600 and stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    # what services.job does before training: the real token is back
+    cfg = load_config(run_dir / "run.yaml", secret_overrides(run_dir / "run.yaml"))
+    assert [t.get_secret_value() for t in cfg.live.tokens] == [REAL]
+    # the masked form alone (someone runs `turnrl train run.yaml`) is refused, not served
+    with pytest.raises(ConfigError, match="live.tokens: an empty token, or one of only"):
+        load_config(run_dir / "run.yaml")
+
+
+def test_the_only_secret_in_a_run_config_is_live_tokens() -> None:
+    """The audit, kept true: a new SecretStr field in RunConfig shows up here and must be
+    handled by services.secrets (a secret inside a list of sections is refused there)."""
+    cfg = RunConfig.model_validate({"live": {"tokens": ["a-token-0123456789"]}})
+    assert [(loc, real) for loc, real in secret_fields(cfg)] == [(("live", "tokens"), ["a-token-0123456789"])]
+
+    class Holder(BaseModel):
+        token: SecretStr
+
+    class Outer(BaseModel):
+        items: list[Holder]
+
+    with pytest.raises(TypeError, match="items: secrets inside a list"):
+        list(secret_fields(Outer(items=[Holder(token="x")])))
