@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,27 @@ def test_context_start_out_of_order_is_rejected_naming_the_turn() -> None:
     data["turns"][3]["context_start"] = 4  # after its own turn
     with pytest.raises(ValueError, match=r"turns\.3\.context_start is 4"):
         Trajectory.model_validate(data)
+
+
+def test_a_schema_1_file_still_reads_and_travels(tmp_path) -> None:
+    """A file written before version 2 (no ``version_spans``, ``schema_version`` 1; the
+    fixture is the schema-1 model's own JSON of ``make_traj`` and a second rollout) reads with
+    one weights version per turn, and travels through the replay codec unchanged."""
+    from replay.codec import decode_group, encode_group
+
+    path = Path(__file__).parent / "fixtures" / "trajectories" / "schema1.jsonl"
+    assert all('"version_spans"' not in line for line in path.read_text().splitlines())
+    a, b = list(read_jsonl(path))
+    assert (a.schema_version, b.schema_version) == (1, 1)
+    assert a.token_ids() == [1, 2, 3, 10, 11, 20, 21, 22, 12]
+    assert a.loss_mask() == [0, 0, 0, 1, 1, 0, 0, 0, 1]
+    # Every action token carries its turn's version: 3, 3 | 4; b's first turn was version 2.
+    assert [t.versions() for t in a.turns] == [[3, 3], [4]]
+    assert (a.min_version(), b.min_version()) == (3, 2)
+    assert b.turns[1].rewards == {"outcome": 0.0, "ig": 0.25} and a.turns[1].rewards["ig"] is None
+    group = Group(group_id="g", task_id="task", trajectories=[a, b])
+    assert group.min_version() == 2
+    assert decode_group(encode_group(group)) == group
+    # Written back, it is still the same rollout (now with the default empty spans).
+    assert write_jsonl(tmp_path / "again.jsonl", [a]) == 1
+    assert list(read_jsonl(tmp_path / "again.jsonl")) == [a]
