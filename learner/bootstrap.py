@@ -84,7 +84,11 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
     ``history_turns`` is the rollouts' window (``rollout.history_turns``): SFT trains on the
     contexts the policy will act from."""
     if not cfg.path.startswith("builtin:"):
-        return Path(cfg.path) if Path(cfg.path).exists() else cfg.path  # hub id
+        from storage.places import model_ref
+
+        # storage.places' rule: a path only if it exists (never a hub lookup), a URL or hub id as is
+        ref = model_ref(cfg.path, "policy.path")
+        return Path(ref) if Path(ref).is_absolute() else ref
     if cfg.path != "builtin:tiny":
         raise ValueError(f"policy.path: unknown builtin {cfg.path!r}; known: ['builtin:tiny']")
     demo_cfg = demo_env_config(cfg, env_cfg)

@@ -131,7 +131,10 @@ class HFJudge:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from storage.places import local_model
+
         self.torch = torch
+        path = local_model(path, "rewards.prm.path")  # a missing path is an error, never a hub id
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"  # generation continues from the right edge
         if self.tokenizer.pad_token_id is None:

@@ -112,6 +112,9 @@ class ProcessRewardModel:
         from transformers import (AutoModelForCausalLM, AutoModelForTokenClassification,
                                   AutoTokenizer)
 
+        from storage.places import local_model
+
+        path = local_model(path, "rewards.prm.path")  # a missing path is an error, never a hub id
         meta = read_meta(path)
         if meta and meta.get("head") != head:
             raise ValueError(f"the PRM at {path} has head {meta.get('head')!r} but prm.head is "

@@ -21,6 +21,8 @@ from pydantic import BaseModel
 
 from cluster.config import RunConfig, build_config
 from services.config import LimitsConfig, ServiceConfig, ServiceConfigError
+from services.secrets import secret_fields
+from storage.places import PlaceError, check_prefix, classify, under_prefix
 
 
 class InvalidRunConfig(ValueError):
@@ -46,12 +48,16 @@ class Rule:
     """Literal values allowed besides what the kind allows (``builtin:tiny``)."""
     cache: str | None = None
     """For ``write``: the subdirectory of the tenant cache it defaults to when not submitted."""
+    urls: bool = False
+    """For ``model`` and ``data``: the runtime also reads ``scheme://`` URLs here
+    (``storage.local_model``), so one under ``admission.storage_urls`` is allowed."""
 
 
 KINDS = {
     "service": "set by the service; a submitted value is replaced",
-    "model": "a model read: a listed hub id or a path under admission.model_roots",
-    "data": "a file read: a path under admission.data_roots",
+    "model": "a model read: a listed hub id, an existing path under admission.model_roots or (where the "
+             "runtime reads URLs) a URL under admission.storage_urls",
+    "data": "a file read: an existing path under admission.data_roots",
     "write": "a directory written: a relative path, placed inside the run's own directory",
     "callable": "code: one of admission.judge_functions",
     "executable": "a program: admission's, never a submitted one",
@@ -74,7 +80,7 @@ RULES: dict[str, Rule] = {
     "EnvActorsConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "LearnerConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "ClusterConfig.service_resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
-    "PolicyConfig.path": Rule("model", also=("builtin:tiny",)),
+    "PolicyConfig.path": Rule("model", also=("builtin:tiny",), urls=True),
     "PolicyConfig.cache_dir": Rule("write", cache="policies"),
     "SFTConfig.env": Rule("env_overrides"),
     "SearchDataConfig.train_path": Rule("data"),
@@ -87,11 +93,11 @@ RULES: dict[str, Rule] = {
     "HFEngineConfig.device": Rule("inert", "a torch device; non-cpu devices count against limits.max_gpus"),
     "IGConfig.prefix": Rule("inert", "text put before the gold answer"),
     "IGConfig.suffix": Rule("inert", "text put after the gold answer"),
-    "PRMConfig.path": Rule("model"),
+    "PRMConfig.path": Rule("model", urls=True),
     "PRMConfig.good_token": Rule("inert", "a token's text"),
     "PRMConfig.bad_token": Rule("inert", "a token's text"),
-    "PRMTrainConfig.init_from": Rule("model", also=("policy",)),
-    "JudgeConfig.path": Rule("model"),
+    "PRMTrainConfig.init_from": Rule("model", also=("policy",), urls=True),
+    "JudgeConfig.path": Rule("model", urls=True),
     "JudgeConfig.function": Rule("callable"),
     "JudgeConfig.rubric": Rule("inert", "prompt text"),
     "RewardsConfig.weights": Rule("inert", "source name -> float"),
@@ -199,6 +205,11 @@ class Admission:
         self.data_roots = [Path(r).resolve() for r in self.adm.data_roots]
         self.cache_dir = Path(self.adm.cache_dir).resolve() if self.adm.cache_dir else None
         self.redis = {s.url: s for s in self.adm.redis_servers}
+        for prefix in self.adm.storage_urls:
+            try:
+                check_prefix(prefix)
+            except PlaceError as exc:
+                raise ServiceConfigError(f"admission.storage_urls: {exc}") from None
         protected = {"state_dir": cfg.state_path(), "runs_dir": cfg.runs_path(), "registry.path": cfg.registry_path()}
         if self.cache_dir:
             protected["admission.cache_dir"] = self.cache_dir
@@ -213,6 +224,8 @@ class Admission:
     def admit(self, run_cfg: RunConfig, body: dict[str, Any], owner: str, run_dir: Path) -> RunConfig:
         """The config the run executes, or InvalidRunConfig naming every refused field."""
         tree = run_cfg.model_dump(mode="json", by_alias=True)
+        for loc, real in secret_fields(run_cfg):  # JSON mode masks them: the job needs the real ones
+            _set(tree, loc, real)
         errors: list[dict[str, str]] = []
         ctx = _Walk(self, run_cfg, body, owner, run_dir, tree, errors)
         for loc, name, rule, holder in sensitive_fields(run_cfg):
@@ -255,21 +268,41 @@ class _Walk:
     def _model(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
         if value in rule.also or value in self.adm.adm.hub_models:
             return
-        self._read(loc, value, self.adm.model_roots, "model_roots",
+        self._read(loc, value, self.adm.model_roots, "model_roots", urls=rule.urls,
                    extra=[*rule.also, *(f"hub id {h}" for h in self.adm.adm.hub_models)])
 
     def _data(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
-        self._read(loc, value, self.adm.data_roots, "data_roots")
+        self._read(loc, value, self.adm.data_roots, "data_roots", urls=rule.urls)
 
-    def _read(self, loc: tuple[str, ...], value: str, roots: list[Path], field: str, extra: list[str] = ()) -> None:
-        path = _resolve(value, self.adm.workdir)
-        if path is not None and any(_within(path, root) for root in roots):
+    def _read(self, loc: tuple[str, ...], value: str, roots: list[Path], field: str, urls: bool,
+              extra: list[str] = ()) -> None:
+        """storage.places' rule: a URL under admission.storage_urls (where the runtime reads URLs),
+        else a path (file:// included) under a root that exists; the runtime gets it resolved."""
+        try:
+            place = classify(value, self.adm.workdir)
+        except PlaceError as exc:
+            self.refuse(loc, f"{exc}", "host")
             return
-        where = f"a path under admission.{field} {[str(r) for r in roots]}" if roots else \
-            f"no admission.{field} are configured"
-        allowed = "; ".join([*(repr(e) for e in extra), where])
-        shown = f" (resolves to {path})" if path is not None and str(path) != value else ""
-        self.refuse(loc, f"{value!r}{shown} is not allowed: allowed are {allowed}", "path")
+        if place.kind == "url":
+            prefixes = self.adm.adm.storage_urls
+            if urls and any(under_prefix(place.url, p) for p in prefixes):
+                return
+            where = f"URLs under admission.storage_urls {prefixes}" if urls else "local paths only (the run reads " \
+                "this field as a file, not through storage)"
+            self.refuse(loc, f"{value!r} is not allowed: this field takes {where}", "url")
+            return
+        path = place.path if place.path is not None else _resolve(value, self.adm.workdir)
+        if path is None or not any(_within(path, root) for root in roots):
+            where = f"a path under admission.{field} {[str(r) for r in roots]}" if roots else \
+                f"no admission.{field} are configured"
+            allowed = "; ".join([*(repr(e) for e in extra), where])
+            shown = f" (resolves to {path})" if path is not None and str(path) != value else ""
+            self.refuse(loc, f"{value!r}{shown} is not allowed: allowed are {allowed}", "path")
+        elif not path.exists():
+            self.errors.append({"loc": ".".join(loc), "msg": f"{value!r} (resolves to {path}) does not exist; a "
+                                "path is never looked up on the Hugging Face hub", "type": "missing_path"})
+        else:
+            _set(self.tree, loc, str(path))  # the runtime loads exactly what was checked
 
     def _write(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
         if not _has(self.body, loc) and self.adm.cache_dir is not None and rule.cache:

@@ -83,7 +83,8 @@ class RayConfig(BaseModel):
 
 
 class JobsConfig(BaseModel):
-    """How a run becomes a Ray job: ``python -m cluster.cli train <run dir>/run.yaml``."""
+    """How a run becomes a Ray job: ``python -m services.job <run dir>/run.yaml`` (``turnrl train``
+    with the run's secrets read from its 0600 ``secrets.json``)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -145,11 +146,19 @@ class AdmissionConfig(BaseModel):
     ``builtin:tiny`` and ``hub_models``."""
     data_roots: list[str] = []
     """Directories data files may be read from (``env.data.*_path``, ``env.train_path``,
-    ``env.heldout_path``). Tool-use data files carry Python tool source that runs in a
-    sandbox that is no security boundary: list only directories whose files you trust."""
+    ``env.heldout_path``); data fields take local paths (``file://`` too), never other URLs.
+    Tool-use data files carry Python tool source that runs in a sandbox that is no security
+    boundary: list only directories whose files you trust."""
     hub_models: list[str] = []
     """Hugging Face hub ids a model field may name (``Qwen/Qwen2.5-0.5B-Instruct``); fetched
-    with the service user's HF cache and network settings."""
+    with the service user's HF cache and network settings. Any other value is a path (it must
+    exist under ``model_roots``): nothing else is ever looked up on the hub."""
+    storage_urls: list[str] = []
+    """URL prefixes (``s3://team-models/released``, ``https://models.example.com/turnrl``) the
+    model fields the runtime reads through storage (``policy.path``, ``rewards.prm.path``,
+    ``rewards.prm.train.init_from``) may name: same scheme and host or bucket, path inside the
+    prefix's. ``file://`` URLs are checked as paths (against the roots); loopback and
+    link-local hosts are refused here and in values. Empty (the default): no URLs."""
     judge_functions: list[str] = []
     """``package.module:name`` callables a generative judge may use (``rewards.prm.function``
     with ``backend: callable``). Each runs as the service's user, with the run's prompts: list

@@ -2,11 +2,15 @@
 
 Owns one thing: where the policy folder, checkpoints and run state live when the nodes share
 no filesystem. Any fsspec URL works (``s3://bucket/prefix``, ``gs://...``, ``file:///mnt/x``);
-actors that need a folder copy it to a cache on their own node (``node_copy``). Every package
-may import this one; it imports none of them.
+actors that need a folder copy it to a cache on their own node (``node_copy``). And what a
+value naming a model or data place means, for admission and runtime alike (``places``:
+``classify``, ``model_ref``, ``local_model``). Every package may import this one; it imports
+none of them.
 """
 
 from storage.files import atomic_write
 from storage.folders import RunStorage, is_storage_url, node_copy, upload_policy
+from storage.places import PlaceError, classify, local_model, model_ref
 
-__all__ = ["RunStorage", "atomic_write", "is_storage_url", "node_copy", "upload_policy"]
+__all__ = ["PlaceError", "RunStorage", "atomic_write", "classify", "is_storage_url", "local_model", "model_ref",
+           "node_copy", "upload_policy"]

@@ -13,8 +13,11 @@ NODE_CACHE_ENV = "TURNRL_NODE_CACHE"
 
 
 def is_storage_url(ref: str) -> bool:
-    """``ref`` names a folder in storage (``scheme://...``), not a local path or hub id."""
-    return "://" in str(ref)
+    """``ref`` names a folder in storage (``scheme://...``), not a local path or hub id; the
+    rule is ``storage.places``'s (a ``scheme://`` at the start, not anywhere in the value)."""
+    from storage.places import split_url
+
+    return split_url(str(ref)) is not None
 
 
 class RunStorage:

@@ -29,6 +29,7 @@ from service_fixture import ALICE, BOB, VIEWER, Service, bearer, ray_down, serve
 
 JUDGE_OK = "tests.judges:rate"  # only compared as a name: never imported by these tests
 REDIS_OK = "redis://replay.internal:6379/0"
+STORE_OK = "s3://team-models/released"  # the operator's one storage prefix
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def roots(tmp_path_factory) -> Path:
 def service_config(tmp: Path, roots: Path, **extra: Any) -> ServiceConfig:
     admission = {"model_roots": [str(roots / "models")], "data_roots": [str(roots / "data")],
                  "hub_models": ["Qwen/Qwen2.5-0.5B-Instruct"], "judge_functions": [JUDGE_OK],
+                 "storage_urls": [STORE_OK],
                  "redis_servers": [{"url": REDIS_OK, "password_env": "REPLAY_REDIS_PASSWORD"}],
                  "redis_server_binary": "/opt/redis/bin/redis-server", **extra.pop("admission", {})}
     return ray_down(tmp / "state", jobs={"working_dir": str(roots)}, admission=admission,
@@ -62,7 +64,8 @@ def service(tmp_path_factory, roots) -> Iterator[Service]:
 
 
 def submit(service: Service, body: dict, token: str = ALICE) -> httpx.Response:
-    return httpx.post(f"{service.url}/v1/runs", json=body, headers=bearer(token))
+    # generous: the first admission imports the actor modules (seconds on a busy machine)
+    return httpx.post(f"{service.url}/v1/runs", json=body, headers=bearer(token), timeout=120)
 
 
 def refused(service: Service, body: dict, token: str = ALICE) -> dict[str, str]:
@@ -142,6 +145,54 @@ def test_paths_outside_the_allowed_roots_are_422(service: Service, body: dict, l
     assert list(errors) == [loc] and "is not allowed" in errors[loc]
 
 
+@pytest.mark.parametrize("value, kind, says", [
+    ("file:///etc", "not_allowed_path", "(resolves to /etc) is not allowed"),
+    ("file://{roots}/models/../outside/secret", "not_allowed_path", "outside/secret) is not allowed"),
+    ("file://evil.example/{roots}/models/policy", "not_allowed_host", "a file:// URL names a local path"),
+    ("http://169.254.169.254/latest/meta-data/", "not_allowed_host", "a link-local address"),
+    ("http://[fe80::1]/m", "not_allowed_host", "a link-local address"),
+    ("http://127.0.0.1:8080/m", "not_allowed_host", "a loopback address"),
+    ("http://localhost/m", "not_allowed_host", "a loopback host"),
+    ("http://[::ffff:127.0.0.1]/m", "not_allowed_host", "a loopback address"),
+    ("s3://another-bucket/released/m", "not_allowed_url", "URLs under admission.storage_urls"),
+    ("s3://team-models/releasedX/m", "not_allowed_url", "URLs under admission.storage_urls"),
+    ("s3://team-models/released/../private/m", "not_allowed_url", "URLs under admission.storage_urls"),
+    ("gs://team-models/released/m", "not_allowed_url", "URLs under admission.storage_urls"),
+    ("models/missing", "missing_path", "does not exist; a path is never looked up on the Hugging Face hub"),
+    ("{roots}/models/policy/nothing-here", "missing_path", "does not exist"),
+])
+def test_every_form_of_a_place_gets_one_meaning(service: Service, roots: Path, value: str, kind: str,
+                                                says: str) -> None:
+    """Issue 41 item 2: storage.places' rule, for URLs, file:// and paths alike (422 naming the field)."""
+    res = submit(service, {"policy": {"path": value.format(roots=roots)}})
+    assert res.status_code == 422, res.text
+    [error] = res.json()["detail"]
+    assert (error["loc"], error["type"]) == ("policy.path", kind) and says in error["msg"], error
+
+
+def test_data_fields_take_paths_and_file_urls_only(service: Service, roots: Path) -> None:
+    data = {"train_path": f"file://{roots}/data/train.jsonl", "heldout_path": "data/train.jsonl",
+            "corpus_path": f"{STORE_OK}/corpus.jsonl"}
+    errors = refused(service, {"env": {"data": data}})
+    assert list(errors) == ["env.data.corpus_path"] and "takes local paths only" in errors["env.data.corpus_path"]
+    cfg = admitted(service, {"env": {"data": {**data, "corpus_path": "data/train.jsonl"}}})
+    assert cfg["env"]["data"]["train_path"] == str(roots / "data" / "train.jsonl")  # file:// became its path
+
+
+def test_allowed_places_pass_as_the_runtime_reads_them(service: Service, roots: Path) -> None:
+    assert admitted(service, {"policy": {"path": f"{STORE_OK}/smol"}})["policy"]["path"] == f"{STORE_OK}/smol"
+    assert admitted(service, {"policy": {"path": f"file://{roots}/models/policy"}})["policy"]["path"] == str(
+        roots / "models" / "policy")
+    assert admitted(service, {"policy": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}})["policy"]["path"] == (
+        "Qwen/Qwen2.5-0.5B-Instruct")  # on the hub list: the one value that reaches the hub
+
+
+@pytest.mark.parametrize("prefix", ["http://169.254.169.254/x", "https://localhost/m", "file:///models", "s3:/x"])
+def test_storage_url_prefixes_are_checked_at_start(tmp_path, roots: Path, prefix: str) -> None:
+    with pytest.raises(ServiceConfigError, match="admission.storage_urls: "):
+        Admission(service_config(tmp_path, roots, admission={"storage_urls": [prefix]}))
+
+
 def test_refusals_say_what_is_allowed(service: Service, roots: Path) -> None:
     errors = refused(service, {"policy": {"path": "models/../outside/secret"}})
     assert errors["policy.path"] == (
@@ -158,7 +209,9 @@ def test_allowed_reads_and_writes_resolve_into_place(service: Service, roots: Pa
             "corpus_path": "data/train.jsonl"}
     cfg = admitted(service, {"policy": {"path": "models/alias", "cache_dir": "cache/p"}, "env": {"data": data}})
     run_dir = Path(cfg["output_dir"]) / cfg["name"]
-    assert cfg["policy"]["path"] == "models/alias"  # a symlink that stays inside the root
+    # a symlink that stays inside the root: the runtime gets the resolved path it was checked as
+    assert cfg["policy"]["path"] == str(roots / "models" / "policy")
+    assert cfg["env"]["data"]["train_path"] == str(roots / "data" / "train.jsonl")
     assert cfg["policy"]["cache_dir"] == str(run_dir / "cache" / "p")
     assert cfg["env"]["data"]["index_cache_dir"] == str(run_dir / ".cache" / "search_index")  # the default, moved
     defaults = admitted(service, {"policy": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}})
