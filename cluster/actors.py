@@ -235,9 +235,12 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     services = cfg.cluster.service_resources
     # Threads: a learner waiting in claim_wait must not hold up the puts that end its wait.
     replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
-                                        resources=services, max_concurrency=ACTOR_THREADS).remote(
+                                        resources=services, max_concurrency=ACTOR_THREADS,
+                                        **service_restarts(cfg, replay_host=True)).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
-    broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services, name=broker_name(run_id)).remote()
+    # Two threads: the driver's vigil holds one for good.
+    broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services, name=broker_name(run_id),
+                                              max_concurrency=2, **service_restarts(cfg)).remote()
     engines = start_engines(cfg, str(policy_path), run_id)
     client = RayEngineClient(engines, str(policy_path))
     reward = start_reward_service(cfg, replay, broker, str(policy_path), client)
@@ -280,6 +283,16 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     record_placement(started, run_dir)
     publish_targets(started, run_dir, run_id)
     return started
+
+
+def service_restarts(cfg: RunConfig, replay_host: bool = False) -> dict[str, int]:
+    """Ray's restart options for the weight broker and the replay host: restarted up to
+    ``cluster.service_max_restarts`` times, every caller's call waiting meanwhile and re-sent
+    to the new process (-1: for as long as it restarts). Never the host of in-process replay,
+    whose groups die with it (the driver ends that run naming it)."""
+    if replay_host and cfg.replay.type != "redis":
+        return {"max_restarts": 0, "max_task_retries": 0}
+    return {"max_restarts": cfg.cluster.service_max_restarts, "max_task_retries": -1}
 
 
 def pin_services(cfg: RunConfig, actors: RunActors) -> None:

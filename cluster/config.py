@@ -52,9 +52,14 @@ class ClusterConfig(BaseModel):
     """Ray custom resources each of the run's one-of-a-kind services asks for (replay host,
     weight broker, reward front and its scorers/judges, live gateway), e.g. ``{head_node:
     0.01}`` with ``ray start --head --resources='{"head_node": 1}'``: keeps them on a node that
-    stays while worker nodes come and go. The replay host and the broker are not restarted
-    when their node dies (the run then ends and ``--resume`` continues it). Engines, rollout,
-    environment and learner actors have their own ``resources``."""
+    stays while worker nodes come and go. Engines, rollout, environment and learner actors
+    have their own ``resources``."""
+    service_max_restarts: int = Field(3, ge=0)
+    """Times the weight broker, and the replay host of Redis replay, are started again after
+    their process dies (kill -9, their node lost): a restarted broker gets the learner's
+    current weights again, a restarted host finds the groups in Redis. The in-process replay
+    store dies with its host (its groups lived there): that run ends naming the replay host,
+    and ``turnrl train --resume`` continues it from its last checkpoint."""
     storage: str | None = None
     """Where the run's folders live for every node: an fsspec URL (``s3://bucket/turnrl``,
     ``gs://...``, ``file:///mnt/shared``). The policy folder is uploaded once under

@@ -23,6 +23,9 @@ from typing import Any, Callable
 from cluster.config import RunConfig
 from cluster.requirements import check_requirements
 from cluster.run_sync import RunSync
+from cluster.survival import ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, watch
+
+__all__ = ["ComponentDied", "LearnerDied", "NothingToResumeError", "RunResult", "prepare_run_dir", "train"]
 
 
 @dataclass
@@ -75,60 +78,41 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
     return run_dir, run_id
 
 
-class LearnerDied(RuntimeError):
-    """A learner rank's process is gone (killed, its node lost), as opposed to an error the
-    learner raised: the run restarts the learner from its last checkpoint."""
-
-
-def _watch(refs: list[Any], rollout_refs: list[Any], revive: Callable[[int, Exception], bool] | None = None) -> Any:
-    """Wait for ``refs`` (one call on every learner rank) and return the first's result; a
-    rank that fails raises at once (the others would wait for it in a collective), as does a
-    rollout actor's loop that ends first, unless its actor died and ``revive(index, error)``
-    restarts its loop (replacing ``rollout_refs[index]``)."""
-    import ray
-
-    pending = list(refs)
-    while pending:
-        ready, _ = ray.wait([*pending, *rollout_refs], num_returns=1)
-        if ready[0] in pending:
-            try:
-                ray.get(ready[0])
-            except ray.exceptions.RayActorError as exc:
-                raise LearnerDied(f"learner rank {refs.index(ready[0])} died ({type(exc).__name__})") from exc
-            pending.remove(ready[0])
-            continue
-        idx = rollout_refs.index(ready[0])
-        try:
-            ray.get(ready[0])
-        except ray.exceptions.RayActorError as exc:
-            if revive is not None and revive(idx, exc):
-                continue
-            raise RuntimeError(f"rollout worker {idx} died: {exc}") from exc
-        except Exception as exc:
-            raise RuntimeError(f"rollout worker {idx} failed: {exc}") from exc
-        raise RuntimeError(f"rollout worker {idx} stopped producing unexpectedly")
-    return ray.get(refs[0])
-
-
 def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
+    """The step's rates and levels: counters the actors keep, as deltas since ``last`` (the
+    previous step, or the ``_mark`` made when training started or an evaluation ended, so
+    neither the time before training nor evaluation's tokens count)."""
     import ray
 
     stats = _answering([w.stats.remote() for w in actors.rollouts])
     engines = _answering([e.stats.remote() for e in actors.engines])
     replay = ray.get(actors.replay.stats.remote())
-    now = time.time()
-    tokens = sum(s["tokens"] for s in engines)
-    episodes = sum(s["episodes"] for s in stats)
-    dt = max(now - last.get("t", now - 1), 1e-9)
-    out = {"throughput/gen_tokens_per_s": (tokens - last.get("tokens", 0)) / dt,
-           "throughput/episodes_per_s": (episodes - last.get("episodes", 0)) / dt,
-           "replay/ready": replay.ready, "replay/running": replay.running,
-           "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values()),
-           "rollout/dropped_groups": sum(s.get("dropped", 0) for s in stats)}
+    out = _rates(sum(s["tokens"] for s in engines), sum(s["episodes"] for s in stats), time.time(), last)
+    out |= {"replay/ready": replay.ready, "replay/running": replay.running,
+            "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values()),
+            "rollout/dropped_groups": sum(s.get("dropped", 0) for s in stats)}
     if actors.gateway is not None:
-        out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, dt)
+        out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, out["throughput/interval_s"])
     if engines and all("forwards" in s for s in engines):  # the HF engine counts its decode steps
         out |= _decode_steps(engines, last)
+    return out
+
+
+def _mark(actors: Any, last: dict[str, float]) -> None:
+    """Start the next step's counting now: its rates cover only what follows."""
+    _throughput(actors, last)
+
+
+def _rates(tokens: float, episodes: float, now: float, last: dict[str, float]) -> dict[str, float]:
+    """Tokens the engines generated and episodes the rollouts finished since ``last``, the
+    seconds since, and their rates; ``last`` moves to now. Empty ``last``: this is the mark
+    counting starts from (nothing counted yet)."""
+    if not last:
+        last.update(t=now, tokens=tokens, episodes=episodes)
+    dt = max(now - last["t"], 1e-9)
+    gen = tokens - last["tokens"]
+    out = {"throughput/gen_tokens": gen, "throughput/interval_s": dt, "throughput/gen_tokens_per_s": gen / dt,
+           "throughput/episodes_per_s": (episodes - last["episodes"]) / dt}
     last.update(t=now, tokens=tokens, episodes=episodes)
     return out
 
@@ -150,22 +134,6 @@ def _decode_steps(engines: list[dict[str, Any]], last: dict[str, float]) -> dict
            "engine/prefill_tokens": prefilled - last.get("prefill_tokens", 0.0)}
     last.update(forwards=forwards, forward_rows=rows, decode_s=busy, prefill_tokens=prefilled)
     return out
-
-
-def _wait_restarted(actor: Any, timeout_s: float) -> None:
-    """Until ``actor`` answers again: while Ray restarts it, calls fail at once with
-    ActorUnavailableError rather than wait."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            ray.get(actor.stats.remote())
-            return
-        except ray.exceptions.ActorUnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def _answering(refs: list[Any]) -> list[dict[str, Any]]:
@@ -196,20 +164,22 @@ def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> d
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
                 on_stage: Callable[[str], None]) -> int:
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
+    last: dict[str, float] = {}
+    _mark(actors, last)  # rates count from here: not the held-out evaluation before
     rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     sync = RunSync(cfg, result.run_dir)
-    last: dict[str, float] = {}
     step, restarts = result.steps, 0
     revive = RolloutReviver(cfg, actors, rollout_refs, on_stage)
+    vigils = Vigils(cfg, actors, on_stage)
     while step < cfg.train.steps:
         step += 1
         if not cfg.train.async_:
             t0 = time.perf_counter()
-            _collect(actors.rollouts, per_worker, revive)
+            collect(actors.rollouts, per_worker, revive, actors)
             gen_s = time.perf_counter() - t0
         try:
-            metrics = _watch(actors.learner.call("train_step"), rollout_refs, revive)
+            metrics = watch(actors.learner.call("train_step"), rollout_refs, actors, revive, vigils)
         except LearnerDied as exc:
             if restarts == cfg.learner.max_restarts:
                 raise RuntimeError(f"{exc}; learner.max_restarts={restarts} restarts used up") from exc
@@ -223,59 +193,11 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
             scores = _evaluate(actors, heldout, cfg)
             metrics["eval/success"] = sum(scores.values()) / max(len(scores), 1)
+            _mark(actors, last)  # the next step's rates leave the evaluation out
         monitor.update(metrics)
         sync.push("metrics.jsonl")
         result.steps = step  # kept current so an interrupted run reports how far it got
     return step
-
-
-def _collect(rollouts: list[Any], per_worker: int, revive: "RolloutReviver") -> None:
-    """A sync step's generation: ``per_worker`` groups from every rollout actor; one that dies
-    is restarted by ``revive`` and asked again (what it had generated is lost and counted)."""
-    import ray
-
-    refs = {i: w.collect.remote(per_worker) for i, w in enumerate(rollouts)}
-    while refs:
-        idx, ref = next(iter(refs.items()))
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            if not revive(idx, exc):
-                raise RuntimeError(f"rollout worker {idx} died: {exc}") from exc
-            refs[idx] = rollouts[idx].collect.remote(per_worker)
-            continue
-        del refs[idx]
-
-
-class RolloutReviver:
-    """What ``_watch`` (async) and ``_collect`` (sync) do when a rollout actor dies: give back
-    the reservations of the groups it had in flight (they are lost, and counted in ``lost``),
-    wait for the actor Ray restarts and, in an async run, start its loop again; at most
-    ``rollout.max_restarts`` times per actor."""
-
-    def __init__(self, cfg: RunConfig, actors: Any, rollout_refs: list[Any], on_stage: Callable[[str], None]):
-        self.cfg, self.actors, self.refs, self.on_stage = cfg, actors, rollout_refs, on_stage
-        self.restarts = [0] * len(actors.rollouts)
-        self.lost = 0
-
-    def __call__(self, idx: int, exc: Exception) -> bool:
-        import ray
-
-        from cluster.actors import after_restart, producer_id
-
-        if self.restarts[idx] >= self.cfg.rollout.max_restarts:
-            return False
-        self.restarts[idx] += 1
-        t0 = time.monotonic()
-        lost = ray.get(self.actors.replay.release_producer.remote(producer_id(idx)))
-        _wait_restarted(self.actors.rollouts[idx], self.cfg.rollout.restart_timeout_s)
-        if self.refs:  # async: its generation loop; a sync step asks the actor again itself
-            self.refs[idx] = self.actors.rollouts[idx].run.remote()
-        after_restart(self.cfg, self.actors)
-        self.lost += lost
-        self.on_stage(f"rollout worker {idx} died ({type(exc).__name__}): restarted in "
-                      f"{time.monotonic() - t0:.1f}s; {lost} groups it had in flight lost, their reservations released")
-        return True
 
 
 def _restart_learner(cfg: RunConfig, actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:

@@ -18,6 +18,8 @@ class LearnerPorts(Protocol):
     def ack(self, claim_id: str, version: int, commit: bool = False) -> None: ...
     def commit(self, version: int) -> None: ...
     def publish(self, version: int, state: Mapping[str, Any]) -> None: ...
+    def republish(self) -> int:
+        """The last published version again (a restarted broker lost it); returns it."""
 
 
 class ActorLearnerPorts:
@@ -28,6 +30,8 @@ class ActorLearnerPorts:
         self.replay, self.broker = replay, broker
         self.weights, self.run_dir, self.engines = weights, run_dir, engines
         self._publisher: Any = None
+        self._last: tuple[int, Any] | None = None
+        """The last (version, handle) published: what a restarted broker is given again."""
 
     def claim(self, n: int, live: LiveShare | None = None, wait_s: float = 0.0) -> Claim | None:
         import ray
@@ -52,7 +56,18 @@ class ActorLearnerPorts:
         if self._publisher is None:
             self._publisher = (ObjectStorePublisher() if self.weights is None
                                else make_publisher(self.weights, self.run_dir, self.engines))
-        ray.get(self.broker.publish.remote(version, self._publisher.publish(version, state)))
+        self._last = (version, self._publisher.publish(version, state))
+        ray.get(self.broker.publish.remote(*self._last))
+
+    def republish(self) -> int:
+        """Runs beside a ``publish`` that may be waiting for the last version's broadcast to
+        be received (engines find it only at the broker): the broker keeps the newest."""
+        import ray
+
+        last = self._last
+        if last is not None:
+            ray.get(self.broker.publish.remote(*last))
+        return last[0] if last else 0
 
 
 class LocalLearnerPorts:
@@ -74,3 +89,6 @@ class LocalLearnerPorts:
 
     def publish(self, version: int, state: Mapping[str, Any]) -> None:
         self.published = (version, state)
+
+    def republish(self) -> int:
+        return self.published[0] if self.published else 0  # kept here: nothing was lost

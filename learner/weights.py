@@ -87,6 +87,10 @@ def make_publisher(cfg: Any, run_dir: str, engines: int) -> Any:
 
 
 class WeightBroker:
+    """The newest (version, handle). Restartable (cluster/actors.py): a restarted broker holds
+    nothing until the learner publishes again, which the driver has it do at once
+    (``LearnerWorker.republish``); until then engines keep serving what they have."""
+
     def __init__(self) -> None:
         self._version = 0
         self._handle: WeightHandle | None = None
@@ -104,3 +108,9 @@ class WeightBroker:
 
     def version(self) -> int:
         return self._version
+
+    def vigil(self) -> None:
+        """Never returns: the driver's call that fails the moment this process dies."""
+        import threading
+
+        threading.Event().wait()

@@ -190,6 +190,12 @@ class LearnerWorker:
         if self.rank == 0:
             self.ports.publish(self.version, state)
 
+    def republish(self) -> int:
+        """Rank 0: the last published weights to the broker again (the driver calls it in
+        the ``control`` group when the broker was restarted, possibly beside a step);
+        returns their version."""
+        return self.ports.republish() if self.rank == 0 else 0
+
     def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
         """Advantages and the turn mask. The estimator weighs and combines the sources stamped
         in ``metadata["reward_weights"]``. A reward the estimator reads that a scorer failed to

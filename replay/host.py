@@ -5,6 +5,16 @@ lives in Redis, so the actor can be restarted freely). The host also keeps which
 holds how many reservations, so a producer that dies has them given back
 (``release_producer``) instead of shrinking admission for the rest of the run.
 
+Restarted (Redis only; cluster/actors.py): Ray re-sends the calls that were in flight when
+the host died, so the host makes those safe to run twice where it can. An acknowledgement
+carries an operation id made from its claim id (a re-sent one returns the first's reply, not
+"unknown claim"). What stays imprecise: the reservation ledger starts empty (a producer that
+dies later gives back only what it reserved since), a reservation or release whose reply was
+lost is counted twice, and a claim whose reply was lost stays claimed until the next
+``recover`` (counted in ``claimed``; a learner restart or ``--resume`` delivers it). A
+restarted host also takes over the run's embedded redis-server: the dead host started and
+watched it, so the new one shuts it down cleanly and starts it again on the same port.
+
 The learner waits for a batch inside the host (``claim_wait``) rather than asking again and
 again: the actor runs calls on several threads (``max_concurrency``), one at a time under a
 lock, and a put wakes the waiting claim. Asked every 20 ms instead, the replay actor used
@@ -28,8 +38,9 @@ from rollout.trajectory import Group
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-ACTOR_THREADS = 8
-"""``max_concurrency`` for the host's actor: the waiting claim, producers' puts and stats."""
+ACTOR_THREADS = 9
+"""``max_concurrency`` for the host's actor: the waiting claim, producers' puts and stats, and
+the driver's ``vigil``, which holds one thread for the host's life."""
 RECHECK_S = 0.25
 """A waiting claim or reservation also looks again this often: a group put into Redis, or an
 ack made, by another client (not through this host) wakes no one."""
@@ -48,7 +59,14 @@ def _serial(method: F) -> F:
 
 class ReplayHost:
     def __init__(self, cfg: ReplayConfig, batch_groups: int, run_dir: str, run_id: str) -> None:
+        self.restarted = _restarted_actor()
+        """Ray started this host again after its process died."""
+        if self.restarted and cfg.type == "redis" and cfg.url == "embedded":
+            from replay.redis_server import stop_embedded
+
+            stop_embedded(run_dir)  # make_store starts it again, and this host watches it
         self.store = make_store(cfg, batch_groups, Path(run_dir), run_id)
+        self._durable_acks = cfg.type == "redis"
         self._held: dict[str, int] = {}
         """Producer -> reservations granted and not yet used by a put or released."""
         self._changed = threading.Condition()
@@ -128,7 +146,10 @@ class ReplayHost:
 
     @_serial
     def ack(self, claim_id: str, version: int, commit: bool = False) -> None:
-        self.store.ack(claim_id, version, commit)
+        if self._durable_acks:  # one operation id per claim: Ray's re-sent call runs once
+            self.store.ack(claim_id, version, commit, op_id=f"ack-{claim_id}")
+        else:
+            self.store.ack(claim_id, version, commit)
         self._changed.notify_all()  # a new version widens admission: wakes ``reserve_wait``
 
     @_serial
@@ -148,3 +169,21 @@ class ReplayHost:
     @_serial
     def close(self) -> None:
         self.store.close()
+
+    def vigil(self) -> None:
+        """Never returns: the driver's call that fails the moment this process dies (no
+        lock held; it takes one of the actor's threads for good)."""
+        threading.Event().wait()
+
+
+def _restarted_actor() -> bool:
+    """Whether this process is a Ray actor started again after its first process died."""
+    import sys
+
+    if "ray" not in sys.modules:  # in-process (tests, tools): never restarted
+        return False
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False  # the driver or a task built it
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)

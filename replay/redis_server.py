@@ -270,6 +270,42 @@ def ensure_embedded(
         return server.url, server
 
 
+def stop_embedded(run_dir: str | Path, timeout_s: float = 10.0) -> bool:
+    """Shut the run's live embedded server down cleanly (SHUTDOWN flushes its append-only
+    file) and wait until it has gone; returns whether one was running. A replay host that Ray
+    started again calls it: the dead host started and watched that server, and left running
+    it would have no watcher and outlive the run; the new host starts it again on its port."""
+    data_dir = (Path(run_dir) / "redis").resolve()
+    with _locked(data_dir / "start.lock"):
+        url = _live_url(data_dir)
+        if url is None:
+            return False
+        pid = int(json.loads((data_dir / "server.json").read_text())["pid"])
+        client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=timeout_s)
+        try:
+            client.shutdown()
+        except redis.exceptions.ConnectionError:
+            pass  # it closed the connection as it exited
+        finally:
+            client.close()
+        deadline = time.monotonic() + timeout_s
+        while _running(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+    return True
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie left for its new parent to reap is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _record(server: RedisServer) -> None:
     """``server.json``: where the run's other processes find the live server."""
     tmp = server.data_dir / "server.json.tmp"

@@ -302,8 +302,10 @@ class RedisReplayStore(ReplayStore):
                                "(was the run deleted while training?)")
         return Claim(claim_id.decode(), payloads, [int(age) for age in ages])
 
-    def ack(self, claim_id: str, new_version: int, commit: bool = False) -> None:
-        if self._run("ack", claim_id, int(new_version), int(commit)) is None:
+    def ack(self, claim_id: str, new_version: int, commit: bool = False, *, op_id: str | None = None) -> None:
+        """``op_id``: the caller's id for this acknowledgement (the replay host's, so a call Ray
+        re-sends after the host restarted returns the first one's reply); None: a fresh one."""
+        if self._run("ack", claim_id, int(new_version), int(commit), op_id=op_id) is None:
             raise KeyError(f"unknown or already acknowledged claim {claim_id!r}")
 
     def commit(self, version: int) -> int:

@@ -93,6 +93,34 @@ def run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, tuple[float
     return out["result"], recovery, run_dir, stages
 
 
+def run_until_killed(cfg, victim: Victim, after_step: int) -> tuple[BaseException | None, list[str]]:
+    """Train ``cfg`` in a thread and kill -9 ``victim`` once step ``after_step`` is logged, for
+    a run that must end because of it; returns (what the run raised, its stage messages)."""
+    from cluster.driver import train
+
+    run_dir = Path(cfg.output_dir) / cfg.name
+    stages: list[str] = []
+    out: dict[str, BaseException | None] = {"error": None}
+
+    def run() -> None:
+        try:
+            train(cfg, on_stage=stages.append)
+        except BaseException as exc:  # noqa: BLE001 - what the test checks
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        _wait(lambda: _steps_logged(run_dir) >= after_step or not thread.is_alive(), 300, f"step {after_step}")
+        assert thread.is_alive(), f"the run ended before killing {victim.name}: {out['error']!r}"
+        pid = victim.pick(run_dir) if victim.pick else victim.pids()[0]
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        thread.join(timeout=300)
+    assert not thread.is_alive(), "the run did not end"
+    return out["error"], stages
+
+
 def trained_once(run_dir: Path, steps: int) -> list[str]:
     """The group ids of trained_groups.jsonl, after checking it has one line per step and no
     group or trajectory twice."""

@@ -22,8 +22,9 @@ import pytest
 from learner.deepspeed_setup import free_port
 from tests.conftest import TINY_OVERRIDES
 from tests.kills import assert_replay_accounts, trained_once
+from tests.redis_fixture import requires_redis
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, requires_redis]  # the run's replay is embedded Redis
 
 RAY = str(Path(sys.executable).with_name("ray"))
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}

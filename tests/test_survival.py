@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.kills import actor, assert_replay_accounts, redis_server, run_killing, trained_once
+from tests.kills import (actor, assert_replay_accounts, redis_server, run_killing, run_until_killed,
+                         trained_once)
+from tests.redis_fixture import requires_redis
 
 pytestmark = pytest.mark.slow
 
@@ -22,11 +24,12 @@ def _config(tiny_run_config, tmp_path, name: str, extra: list[str]):
                             "progress=none", "learner.num_cpus=0.5", *extra])
 
 
+@requires_redis
 def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_policy, ray_cluster,
                                                          tmp_path) -> None:
     """One run with Redis replay and every restartable component (IG scorer, environment
-    actor, two rollout actors, the engine, checkpoints every step), killed one after another, a
-    step apart:
+    actor, two rollout actors, the engine, replay host, weight broker, checkpoints every
+    step), killed one after another, a step apart:
 
     - the scorer's in-flight batch gets missing rewards (handled by ``rewards.on_missing``);
     - the environment actor's open episodes end with an error;
@@ -39,22 +42,27 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
       follow), its requests in flight ending their episodes with an error;
     - redis-server is started again on its port from its append-only file (every write was
       fsynced before its reply) while every client re-sends what it was doing;
+    - the replay host is started again by Ray (callers' calls wait and are re-sent); it takes
+      over the embedded redis-server (a clean restart on the same port) and finds the groups
+      there;
+    - the weight broker is started again by Ray and the learner publishes its current weights
+      to it at once;
     - the learner restarts from its step checkpoint inside the run, versions moving forward.
 
     The run trains all its steps, every group that reached replay once or still held there at
     the end, and no group twice."""
-    # Steps to spare after the last kill (the learner's, after step 7): an async run's learner
-    # may have trained step 8 by the time the kill lands, and a run that has ended restarts
-    # nothing. The engine and learner killed are the run's own (placement.json), not the
-    # first process of that class found on the machine.
-    steps = 10
+    # Steps to spare after the last kill (the learner's, after step 9): an async run's learner
+    # may have trained step 10 by the time the kill lands, and a run that has ended restarts
+    # nothing. The engine, replay host, broker and learner killed are the run's own
+    # (placement.json), not the first process of that class found on the machine.
+    steps = 12
     cfg = _config(tiny_run_config, tmp_path, "survive", [
         f"train.steps={steps}", "rewards.ig={}", "learner.estimator.type=igpo", "rewards.service.scorer_num_cpus=0.2",
         "rollout.env_actors.count=1", "rollout.env_actors.num_cpus=0.1", "rollout.num_workers=2",
         "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
     kills = [actor("ModelScorer"), actor("EnvHost"), actor("RewardService"), actor("RolloutWorker", "rollout"),
              actor("EngineServer", "engine"), redis_server(Path(cfg.output_dir) / cfg.name),
-             actor("LearnerWorker", "learner")]
+             actor("ReplayHost", "replay"), actor("WeightBroker", "broker"), actor("LearnerWorker", "learner")]
     result, recovery, run_dir, stages = run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
     for title, (restart_s, step_s) in recovery.items():
@@ -69,9 +77,25 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     print(f"  dropped with the reward front: {last['rollout/dropped_groups']:.0f}; lost with rollout actor 0: "
           f"{last['rollout/lost_groups']:.0f}; reservations held at the end: {last['replay/running']:.0f}")
     assert last["replay/running"] <= 2 * cfg.rollout.groups_in_flight  # nothing leaked
+    # The replay host's and the broker's deaths spent none of the learner's restarts.
+    assert sum(s.startswith("learner rank") for s in stages) == 1
     assert any("learner rank 0 died" in s and "restarted from step" in s for s in stages)
     assert any("rollout worker 0 died" in s for s in stages)
+    assert any(s.startswith("replay host died") and "restarted" in s for s in stages)
+    assert any(s.startswith("weight broker died") and "published version" in s for s in stages)
+    _rates_match_their_counts(rows, result.timings["train_s"])
     _replay_accounts_for_every_group(cfg, run_dir, trained)
+
+
+def _rates_match_their_counts(rows: list[dict], train_s: float) -> None:
+    """Each step's generation rate is the tokens it reports over the seconds it reports, and
+    those seconds run back to back from the training start (not from the run's start, and
+    not one second for the first step)."""
+    for r in rows:
+        assert r["throughput/interval_s"] > 0 and r["throughput/gen_tokens"] >= 0
+        assert r["throughput/gen_tokens_per_s"] == pytest.approx(r["throughput/gen_tokens"] / r["throughput/interval_s"])
+    assert rows[0]["throughput/interval_s"] > 1.0  # the first step's own time, never a token second
+    assert sum(r["throughput/interval_s"] for r in rows) <= train_s
 
 
 def _replay_accounts_for_every_group(cfg, run_dir: Path, trained: list[str]) -> None:
@@ -87,6 +111,21 @@ def _replay_accounts_for_every_group(cfg, run_dir: Path, trained: list[str]) -> 
         store.close()
     print(f"  replay: {s}")
     assert_replay_accounts(dataclasses.asdict(s), trained)
+
+
+def test_a_dead_in_process_replay_host_ends_the_run_naming_it(tiny_run_config, tiny_policy, ray_cluster,
+                                                              tmp_path) -> None:
+    """In-process replay holds its groups in the host's process, so a killed host is not
+    restarted: the run ends with an error naming the replay host, not as a learner death
+    (which would spend a learner restart and then end the run with the wrong name)."""
+    from cluster.survival import ComponentDied
+
+    cfg = _config(tiny_run_config, tmp_path, "replay-dies", ["train.steps=6"])
+    error, stages = run_until_killed(cfg, actor("ReplayHost", "replay"), after_step=1)
+    print("".join(f"\n  {s}" for s in stages))
+    assert isinstance(error, ComponentDied), error
+    assert str(error).startswith("replay host died") and "replay.type=memory" in str(error)
+    assert not any(s.startswith("learner rank") for s in stages)
 
 
 def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
