@@ -271,6 +271,30 @@ def test_generate_n_gives_n_completions_sharing_a_batch(client, kind) -> None:
         assert after["prefill_tokens"] - before["prefill_tokens"] == len(PROMPT)
 
 
+def test_a_seeded_request_samples_the_same_tokens_again(client) -> None:
+    """``SamplingParams.seed`` (the gateway's ``seed``): the request draws its noise from a
+    generator of its own (HF: a torch.Generator per request; vLLM: its per-request seed), so
+    it samples the same tokens alone and in a batch beside an unseeded request; another seed
+    samples others, and choice i of a seeded generate_n is seeded seed + i."""
+    import dataclasses
+
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=32, seed=7)
+
+    async def go():
+        alone = await client.generate(PROMPT, seeded)
+        beside = client.generate([9, 10, 11, 12, 13], SamplingParams(temperature=1.0, max_new_tokens=32))
+        together, _ = await asyncio.gather(client.generate(PROMPT, seeded), beside)
+        other = await client.generate(PROMPT, dataclasses.replace(seeded, seed=8))
+        pair = await client.generate_n(PROMPT, dataclasses.replace(seeded, n=2))
+        return alone, together, other, pair
+
+    alone, together, other, pair = _run(go())
+    assert len(alone.token_ids) > 1 and together.token_ids == alone.token_ids
+    torch.testing.assert_close(torch.tensor(together.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=0)
+    assert other.token_ids != alone.token_ids
+    assert pair[0].token_ids == alone.token_ids and pair[1].token_ids == other.token_ids
+
+
 @pytest.mark.parametrize("join_wait_ms,joins", [(0.0, 1), (60_000.0, 0)])
 def test_join_wait_bounds_how_long_a_request_waits_to_join(client, kind, join_wait_ms, joins) -> None:
     """HF: a request arriving mid-batch joins at the next step with ``join_wait_ms`` 0 and

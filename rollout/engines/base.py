@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Literal
 
 from rollout.engines.transport import WeightHandle
 
 FinishReason = Literal["stop", "length", "abort"]
+SEED_RANGE = 2**63
+"""Request seeds are in ``[0, SEED_RANGE)`` (what torch and vLLM generators take)."""
 
 
 def new_request_id() -> str:
@@ -33,6 +35,16 @@ class SamplingParams:
     """Generation ends after any of these (the end-of-turn token is always one)."""
     n: int = 1
     """Completions of one prompt, for ``generate_n``; each is its own request."""
+    seed: int | None = None
+    """Seeds this request's own sampling noise, so the same request samples the same tokens
+    again, whatever else shares its batch (None: the engine's shared generator)."""
+
+    def choice(self, i: int) -> "SamplingParams":
+        """The params of choice ``i`` of ``n``: a seeded request's choices get seeds
+        ``seed + i``, so they differ from each other and each repeats."""
+        if self.seed is None or i == 0:
+            return self
+        return replace(self, seed=(self.seed + i) % SEED_RANGE)
 
 
 @dataclass

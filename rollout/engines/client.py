@@ -77,10 +77,10 @@ class EngineClient(ABC):
     async def generate_n(self, prompt_ids: list[int], params: SamplingParams,
                          request_id: str | None = None, session_id: str | None = None) -> list[Completion]:
         """``params.n`` completions of one prompt, as n requests that share engine batches
-        (ids ``<request_id>-<i>``)."""
+        (ids ``<request_id>-<i>``; a seeded request's choice ``i`` is seeded ``seed + i``)."""
         rid = request_id or new_request_id()
         return list(await asyncio.gather(*[
-            self.generate(prompt_ids, params, f"{rid}-{i}", session_id) for i in range(params.n)]))
+            self.generate(prompt_ids, params.choice(i), f"{rid}-{i}", session_id) for i in range(params.n)]))
 
 
 class LocalEngineClient(EngineClient):

@@ -63,6 +63,8 @@ class _Request:
     kv_version: int = -1
     """The weights version its prefill ran on: its KV is kept only if every token was computed
     on that version."""
+    generator: torch.Generator | None = None
+    """Its own sampling noise (``params.seed``): the same tokens again, whatever shares the batch."""
 
 
 @dataclass
@@ -302,6 +304,8 @@ class HFEngine(Engine):
             raise ValueError(f"request id {request_id!r} is already in use")
         req = _Request(request_id, list(prompt_ids), params, loop.create_future(),
                        asyncio.Queue() if stream else None)
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
         self._open[request_id] = req
         self._stats["requests"] += 1
         with self._waiting_lock:
@@ -521,7 +525,7 @@ class HFEngine(Engine):
 
     def _sampler(self, reqs: list[_Request]) -> RowSampler:
         return RowSampler([r.params.temperature for r in reqs], [r.params.top_p for r in reqs], self._gen,
-                          self.cfg.device)
+                          self.cfg.device, [r.generator for r in reqs])
 
     def _may_join(self, running: int) -> bool:
         """Whether waiting requests may join a batch of ``running`` rows now: at once into an

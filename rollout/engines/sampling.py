@@ -17,8 +17,11 @@ class RowSampler:
     tempered distribution (before top-p), what the learner's importance ratios compare with."""
 
     def __init__(self, temperatures: list[float], top_ps: list[float], generator: torch.Generator,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu",
+                 row_generators: list[torch.Generator | None] | None = None) -> None:
         self.gen = generator
+        self.own = [(i, g) for i, g in enumerate(row_generators or []) if g is not None]
+        """Rows with a generator of their own (a seeded request): their noise comes from it."""
         greedy = [t <= 0 for t in temperatures]
         self.all_greedy = all(greedy)
         self.greedy = torch.tensor(greedy, device=device) if any(greedy) and not self.all_greedy else None
@@ -36,6 +39,8 @@ class RowSampler:
             if self.top_p is not None:
                 probs = _nucleus(probs, self.top_p)
             noise = torch.empty_like(probs).exponential_(generator=self.gen)
+            for i, gen in self.own:  # one draw per token from the row's own stream: reproducible
+                noise[i].exponential_(generator=gen)
             tokens = probs.div_(noise).argmax(-1)
             if self.greedy is not None:
                 tokens = torch.where(self.greedy, logp.argmax(-1), tokens)

@@ -152,7 +152,8 @@ class VLLMEngine(Engine):
         eos = self._tokenizer.eos_token_id
         stops = sorted(set(params.stop_token_ids) | ({eos} if eos is not None else set()))
         return VSampling(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-                         stop_token_ids=stops, logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+                         stop_token_ids=stops, logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA,
+                         seed=params.seed)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
                      request_id: str | None = None) -> AsyncIterator[Chunk]:
