@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from learner.tiny_policy import train_tokenizer
 
 CORPUS = [
@@ -19,6 +21,19 @@ CORPUS = [
 
 def tiny_tokenizer(out_dir: Path):
     return train_tokenizer(CORPUS * 10, vocab_size=320, out_dir=out_dir)
+
+
+@pytest.fixture(scope="module")
+def random_policy(tmp_path_factory) -> str:
+    """A random-init tiny Llama with the project's chat template, built in a second or two:
+    for gateway tests where what the model says does not matter (import it to use it)."""
+    from learner.config import TinyModelConfig
+    from learner.tiny_policy import create_model
+
+    out = tmp_path_factory.mktemp("random-policy")
+    tok = tiny_tokenizer(out)
+    create_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0, out)
+    return str(out)
 
 
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"properties": {"query": {}}}}}]

@@ -19,19 +19,7 @@ from replay.config import ReplayConfig
 from replay.memory import InProcessReplayStore
 from rollout.config import HFEngineConfig
 from rollout.engines import local_client
-from tests.gateway_fixtures import tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def random_policy(tmp_path_factory) -> str:
-    """A random-init tiny Llama with the project's chat template (built in a second or two)."""
-    from learner.config import TinyModelConfig
-    from learner.tiny_policy import create_model
-
-    out = tmp_path_factory.mktemp("random-policy")
-    tok = tiny_tokenizer(out)
-    create_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, 0, out)
-    return str(out)
+from tests.gateway_fixtures import random_policy  # noqa: F401 - a fixture
 
 
 @pytest.fixture(scope="module")

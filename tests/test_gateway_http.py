@@ -16,6 +16,7 @@ from gateway.server import LiveGateway
 from rollout import chat
 from rollout.config import HFEngineConfig
 from rollout.engines import local_client
+from tests.gateway_fixtures import random_policy  # noqa: F401 - a fixture
 
 TOKEN = "tok-live-test"
 
@@ -242,5 +243,37 @@ def test_hindsight_judge_scores_each_turn_when_its_next_state_arrives(agent_poli
         assert set(traj.metadata["prejudged"]) == {"0"}
         assert traj.turns[0].rewards["prm"] == 1.0  # a well-formed tool call (format judge: 10/10)
         assert traj.turns[1].rewards["prm"] is not None
+    finally:
+        served.close()
+
+
+def test_an_unknown_model_is_a_404_and_a_seed_samples_the_same_reply_again(random_policy) -> None:
+    # Issue 41 item 5: nothing accepted is ignored. ``model`` must be the served one (OpenAI's
+    # 404 model_not_found otherwise, which the SDK raises as NotFoundError); ``seed`` makes
+    # the sample repeat, streamed or not, and another seed samples another reply.
+    served = Served(LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=16), random_policy)
+    try:
+        client = _sdk(served)
+        hello = [{"role": "user", "content": "hello"}]
+        with pytest.raises(openai.NotFoundError) as err:
+            client.chat.completions.create(model="gpt-4o", messages=hello)
+        assert (err.value.code, err.value.param, err.value.type) == ("model_not_found", "model", "invalid_request_error")
+        assert "turnrl-policy" in err.value.message
+
+        def tokens(seed: int, stream: bool = False) -> list[str]:
+            kwargs = dict(model="turnrl-policy", messages=hello, temperature=1.0, max_tokens=16, seed=seed,
+                          logprobs=True)
+            if stream:
+                chunks = client.chat.completions.create(stream=True, **kwargs)
+                return [t.token for c in chunks if c.choices and c.choices[0].logprobs
+                        for t in c.choices[0].logprobs.content]
+            return [t.token for t in client.chat.completions.create(**kwargs).choices[0].logprobs.content]
+
+        first = tokens(11)
+        assert len(first) > 1 and tokens(11) == first and tokens(11, stream=True) == first
+        assert tokens(12) != first
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="turnrl-policy", messages=hello, seed=-1)
+        assert err.value.param == "seed"
     finally:
         served.close()
