@@ -129,7 +129,14 @@ class LearnerConfig(BaseModel):
     run from its last checkpoint (``checkpoint_every``; without one, from the start) before
     the run fails. What the lost steps trained is delivered again by replay."""
     claim_timeout_s: float = Field(600.0, gt=0)
-    """Longest the learner waits for a batch before the run fails."""
+    """Longest the learner waits for a batch before the run fails (with ``train.source:
+    live``, how long live traffic may pause)."""
+    live_shortfall: Literal["train_rollouts", "wait"] = "train_rollouts"
+    """``train.source: mixed`` only: a step whose rollout groups are ready while fewer live
+    sessions than its share are. ``train_rollouts``: train on the rollout groups plus the
+    sessions that are ready (a smaller batch; ``live/sessions_missing`` in the step's metrics
+    says how many were missing), so the run never waits on traffic. ``wait``: wait for the
+    full share, every batch the same mix, and fail the run after ``claim_timeout_s``."""
     num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per learner rank."""
     num_gpus: float = Field(0.0, ge=0)

@@ -92,3 +92,23 @@ class LocalLearnerPorts:
 
     def republish(self) -> int:
         return self.published[0] if self.published else 0  # kept here: nothing was lost
+
+
+def claim_batch(ports: LearnerPorts, n: int, live: int, wait_for_live: bool, wait_s: float) -> Claim | None:
+    """One attempt at a batch of ``n`` groups, ``live`` of them live sessions, waiting up to
+    ``wait_s``. With ``wait_for_live`` (or a batch of live sessions only) the batch is exactly
+    that mix or nothing. Otherwise (``learner.live_shortfall: train_rollouts``) it is the
+    ``n - live`` rollout groups plus as many of the ``live`` sessions as are ready, most first:
+    the rollout share is what admission paces the producers by, so taking more rollout groups
+    in place of missing sessions would outrun it. Sessions that arrive while the rollout
+    groups are awaited wait for the next attempt (every ``wait_s``, 0.5 s in the learner)."""
+    if not live:
+        return ports.claim(n, None, wait_s)
+    if wait_for_live or live == n:
+        return ports.claim(n, (live, live), wait_s)
+    for j in range(live, 0, -1):
+        got = ports.claim(n - live + j, (j, j), 0.0)
+        if got is not None:
+            return got
+    return ports.claim(n - live, None, wait_s)
+

@@ -39,7 +39,7 @@ from learner.batching import TokenBatch, build_token_batch, by_length, rank_micr
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
 from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
-from learner.ports import LearnerPorts
+from learner.ports import LearnerPorts, claim_batch
 from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
 from replay.base import Claim
@@ -135,6 +135,8 @@ class LearnerWorker:
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
         metrics |= batch_metrics(trajs, claim.staleness if claim else [])
+        if self.live_groups:  # the live share this step went without (live_shortfall: train_rollouts)
+            metrics["live/sessions_missing"] = self.live_groups - metrics["live/trained_sessions"]
         metrics |= {"step": self.step, "version": self.version, "time/wait_s": t1 - t0,
                     "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
                     "time/step_s": time.perf_counter() - t0}
@@ -168,17 +170,18 @@ class LearnerWorker:
         return box[0]
 
     def _claim(self) -> Claim:
-        live = (self.live_groups, self.live_groups) if self.live_groups else None
-        claim = wait_claim(lambda n, wait_s: self.ports.claim(n, live, wait_s), self.cfg.batch_groups,
-                           self.cfg.claim_timeout_s, should_stop=self._interrupted.is_set)
+        wait_for_live = self.cfg.live_shortfall == "wait"
+        claim = wait_claim(lambda n, wait_s: claim_batch(self.ports, n, self.live_groups, wait_for_live, wait_s),
+                           self.cfg.batch_groups, self.cfg.claim_timeout_s, should_stop=self._interrupted.is_set)
         if claim is None and self._interrupted.is_set():
             raise InterruptedError("the learner was told to stop waiting for a batch (the run is ending)")
         if claim is None:
+            needs_live = self.live_groups and (wait_for_live or self.live_groups == self.cfg.batch_groups)
             raise TimeoutError(
                 f"learner waited {self.cfg.claim_timeout_s:.0f}s for {self.cfg.batch_groups} groups "
                 f"({self.live_groups} of them live sessions): "
                 + ("no live sessions were recorded into replay (is traffic reaching the live "
-                   "endpoint, and are sessions ended or given feedback?) or " if self.live_groups else "")
+                   "endpoint, and are sessions ended or given feedback?) or " if needs_live else "")
                 + "rollout actors are not producing (see their errors above) or replay refuses "
                 "them; learner.claim_timeout_s sets the wait")
         return claim
