@@ -1,6 +1,10 @@
 """Fail at start, naming what is missing, when the estimator or a reward source needs data
 the environment or the configured reward sources cannot supply, and naming what would be
-wasted, when a configured reward source is one the estimator does not read."""
+wasted, when a configured reward source is one the estimator does not read.
+
+``learner.estimator`` is used only for rollout groups: with ``train.source: live`` every batch is
+live sessions, whose estimator (``learner.live_baseline``) reads every source a trajectory
+carries, so neither check on the estimator applies."""
 
 from __future__ import annotations
 
@@ -50,12 +54,20 @@ def check_reward_sources(cfg: RunConfig, source: TaskSource) -> None:
         load_callable(prm.function)  # raises naming the function
 
 
+def trains_rollouts(cfg: RunConfig) -> bool:
+    """Whether any batch holds rollout groups, the only ones ``learner.estimator`` sees."""
+    return cfg.train.source != "live"
+
+
 def unread_sources(cfg: RunConfig) -> list[str]:
     """Configured reward sources the estimator would never read: a set section (ig, match,
     prm) or a source named in ``rewards.weights``, the outcome only when its weight was set
-    explicitly (it is always scored), and never one weighted 0 (deliberately unused)."""
+    explicitly (it is always scored), and never one weighted 0 (deliberately unused). None
+    when only live sessions are trained (their running baseline reads every source)."""
     from learner.advantages import read_sources
 
+    if not trains_rollouts(cfg):
+        return []
     configured = cfg.rewards.trained_weights()
     read = read_sources(cfg.learner.estimator, configured)
     return [s for s, w in configured.items()
@@ -96,7 +108,7 @@ def check_requirements(cfg: RunConfig, source: TaskSource) -> None:
             "unset rollout.history_turns or use the ppo loss"
         )
     missing = required_fields(cfg.learner.estimator) - supplied_fields(cfg, source)
-    if missing:
+    if missing and trains_rollouts(cfg):
         raise ValueError(
             f"learner.estimator.type={cfg.learner.estimator.type!r} needs {sorted(missing)}, which this run "
             f"does not supply (env {cfg.env.type!r} provides {sorted(provides)}; reward sources configured: "

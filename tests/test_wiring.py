@@ -176,6 +176,34 @@ def test_turn_estimators_read_every_configured_source(env: str, estimator: str, 
         assert not np.allclose(before, after), f"{estimator} ignored {source}"
 
 
+_JUDGE = "rewards.prm={type: judge, backend: callable, function: 'rewards.judge:format_judge'}"
+
+
+@pytest.mark.parametrize("prm", [_PRM, _JUDGE])
+def test_live_training_with_a_prm_or_judge_passes_under_the_default_estimator(prm: str) -> None:
+    # Issue 41 item 6: train.source: live trains only live sessions, whose estimator is the
+    # running baseline (learner.live_baseline), which reads every source; the default
+    # estimator (GRPO, outcome only) never sees a batch, so it cannot refuse the PRM/judge.
+    from cluster.requirements import unread_sources
+    from learner.advantages.config import LiveBaselineConfig
+    from learner.advantages.live import running_baseline
+
+    cfg = load_config(None, [*_ENV_SIZES["search_qa"], prm, "live.enabled=true", "train.source=live"])
+    assert cfg.learner.estimator.type == "grpo"
+    check_requirements(cfg, _source("search_qa"))
+    assert unread_sources(cfg) == []
+    # mixed trains rollout groups under GRPO too: there the PRM would be thrown away, refused
+    mixed = load_config(None, [*_ENV_SIZES["search_qa"], prm, "live.enabled=true", "train.source=mixed"])
+    with pytest.raises(ValueError, match=r"does not read rewards\.prm"):
+        check_requirements(mixed, _source("search_qa"))
+    # "reads every source": the live advantages move with the PRM's value of one turn
+    weights = cfg.rewards.trained_weights()
+    assert set(weights) == {"outcome", "prm"}
+    before = running_baseline(_three_rollouts(weights), LiveBaselineConfig(), {}, weights)[0].advantages
+    after = running_baseline(_three_rollouts(weights, moved="prm"), LiveBaselineConfig(), {}, weights)[0].advantages
+    assert not np.allclose(before, after)
+
+
 def _three_rollouts(weights: dict[str, float], moved: str | None = None) -> TurnBatch:
     """One group of three 2-turn rollouts with a value for every source in ``weights``
     (and the env reward and anchors GiGPO reads); ``moved`` changes one value of that source:
