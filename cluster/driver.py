@@ -23,7 +23,8 @@ from typing import Any, Callable
 from cluster.config import RunConfig
 from cluster.requirements import check_requirements
 from cluster.run_sync import RunSync
-from cluster.survival import ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, watch
+from cluster.survival import (ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, name_engine_death,
+                              watch)
 
 __all__ = ["ComponentDied", "LearnerDied", "NothingToResumeError", "RunResult", "prepare_run_dir", "train"]
 
@@ -163,6 +164,8 @@ def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> d
 
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
                 on_stage: Callable[[str], None]) -> int:
+    import ray
+
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
     last: dict[str, float] = {}
     _mark(actors, last)  # rates count from here: not the held-out evaluation before
@@ -180,6 +183,10 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             gen_s = time.perf_counter() - t0
         try:
             metrics = watch(actors.learner.call("train_step"), rollout_refs, actors, revive, vigils)
+        except ray.exceptions.RayTaskError as exc:  # the learner raised: say if an engine died under it
+            if (died := name_engine_death(cfg, actors, exc)) is None:
+                raise
+            raise died from exc
         except LearnerDied as exc:
             if restarts == cfg.learner.max_restarts:
                 raise RuntimeError(f"{exc}; learner.max_restarts={restarts} restarts used up") from exc

@@ -135,6 +135,37 @@ class Vigils:
                       f"(restart {self.restarts[service]} of {self.cfg.cluster.service_max_restarts})")
 
 
+def dead_engines(actors: Any, timeout_s: float = 10.0) -> list[int]:
+    """Indexes of the run's engines whose process is gone for good (asked after a step
+    failed: an engine on the broadcast weight transport is never restarted, and the learner's
+    broadcast to it is what fails)."""
+    import ray
+
+    dead = []
+    for i, engine in enumerate(actors.engines):
+        try:
+            ray.get(engine.version.remote(), timeout=timeout_s)
+        except ray.exceptions.ActorDiedError:
+            dead.append(i)
+        except Exception:  # noqa: BLE001 - restarting or busy: not a death this names
+            pass
+    return dead
+
+
+def name_engine_death(cfg: Any, actors: Any, exc: BaseException) -> ComponentDied | None:
+    """The error that ends the run when a learner step failed because an engine died (None
+    when every engine lives)."""
+    dead = dead_engines(actors)
+    if not dead:
+        return None
+    why = ("engines on the broadcast weight transport are not restarted: a new process cannot join the "
+           "group its peers formed with the learner (rollout.weights.transport=object_store or file "
+           "restarts them)" if cfg.rollout.weights.transport == "broadcast"
+           else f"rollout.engine.max_restarts={cfg.rollout.engine.max_restarts} restarts used up")
+    names = ", ".join(f"engine {i}" for i in dead)
+    return ComponentDied(f"{names} died and the learner's step failed ({type(exc).__name__}): {why}")
+
+
 def watch(refs: list[Any], rollout_refs: list[Any], actors: Any,
           revive: Callable[[int, Exception], bool] | None = None, vigils: Vigils | None = None) -> Any:
     """Wait for ``refs`` (one call on every learner rank) and return the first's result; a

@@ -128,6 +128,23 @@ def test_a_dead_in_process_replay_host_ends_the_run_naming_it(tiny_run_config, t
     assert not any(s.startswith("learner rank") for s in stages)
 
 
+def test_a_dead_broadcast_engine_ends_the_run_naming_it(tiny_run_config, tiny_policy, ray_cluster,
+                                                        tmp_path) -> None:
+    """An engine on the broadcast weight transport is not restarted (a new process cannot join
+    the weight group its peers formed with the learner): killed, the run ends with an error
+    naming that engine, not the learner's broadcast failure alone."""
+    from cluster.survival import ComponentDied
+
+    cfg = _config(tiny_run_config, tmp_path, "engine-dies", [
+        "train.steps=8", "rollout.weights.transport=broadcast", "rollout.weights.timeout_s=60",
+        "rollout.engine.count=2", "rollout.engine.num_cpus=0.1"])
+    error, stages = run_until_killed(cfg, actor("EngineServer", "engine"), after_step=1)
+    print("".join(f"\n  {s}" for s in stages), f"\n  error: {error}")
+    assert isinstance(error, ComponentDied), error
+    assert str(error).startswith("engine 0 died") and "broadcast" in str(error)
+    assert not any(s.startswith("learner rank") for s in stages)
+
+
 def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
     from replay.config import ReplayConfig
     from replay.host import ReplayHost
