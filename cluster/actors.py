@@ -23,7 +23,12 @@ from storage import atomic_write
 
 _log = logging.getLogger(__name__)
 
-_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+# RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO: Ray (2.60) leaves CUDA_VISIBLE_DEVICES alone for an actor
+# that reserves no GPU, so a learner on device auto or an engine with num_gpus 0 would take
+# cuda:0 unreserved; with it, Ray sets CUDA_VISIBLE_DEVICES="" for such actors (and the GPU ids
+# it assigned for the others).
+_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
 
 
 def init_ray(cfg: RunConfig) -> None:

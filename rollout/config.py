@@ -122,6 +122,11 @@ class VLLMEngineConfig(EngineGroupConfig):
     """Run the model eagerly (no CUDA graphs / torch.compile): starts in seconds; turn off on
     GPUs for faster decoding at the cost of a slower start."""
 
+    def gpus_per_engine(self) -> float:
+        """GPUs one engine counts against a tenant's quota: its ``num_gpus``, and at least its
+        ``tensor_parallel_size`` above 1 (shards are GPUs whatever ``num_gpus`` reserves)."""
+        return max(self.num_gpus, self.tensor_parallel_size) if self.tensor_parallel_size > 1 else self.num_gpus
+
     @model_validator(mode="after")
     def _gpus_hold_every_shard(self) -> "VLLMEngineConfig":
         if 0 < self.num_gpus < self.tensor_parallel_size:

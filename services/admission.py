@@ -179,20 +179,34 @@ def demand(cfg: RunConfig) -> dict[str, float]:
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
     """One 422 entry per per-run limit the config exceeds, naming the limit."""
-    errors = []
-    if cfg.train.steps > limits.max_steps:
-        errors.append(("train.steps", f"{cfg.train.steps} steps exceed limits.max_steps={limits.max_steps}"))
+    from services.limits import memory_gib, number_errors, show, tiny_params
+
+    errors = number_errors(cfg, limits)
+    for need, limit, how in ((memory_gib(cfg), "max_memory_gib", "GiB of memory (rollout.engine.count x the "
+                              "engine's cpu_kv_cache_gib or prefix_cache_mib + replay.capacity_bytes + "
+                              "rollout.weights.bucket_mib)"),
+                             (tiny_params(cfg), "max_tiny_params", "parameters in policy.tiny")):
+        if need > getattr(limits, limit) + 1e-9:
+            errors.append(("<root>", f"the run asks for {show(need)} {how}; limits.{limit}={show(getattr(limits, limit))}"))
     need = demand(cfg)
     what = {"actors": ("max_actors", "rollout.num_workers + rollout.engine.count + rollout.env_actors.count + "
                                      "reward scorers/judges + live gateway + learner.world_size + 3"),
             "cpus": ("max_cpus", "the num_cpus of every actor"),
             "gpus": ("max_gpus", "rollout.engine.count x rollout.engine.num_gpus (an hf engine whose "
-                                 "device is not cpu counts at least 1) + learner.world_size x learner.num_gpus")}
+                                 "device is not cpu counts at least 1, a vllm engine at least its "
+                                 "tensor_parallel_size above 1) + learner.world_size x learner.num_gpus")}
     for key, (limit, how) in what.items():
         allowed = getattr(limits, limit)
         if need[key] > allowed + 1e-9:
             errors.append(("<root>", f"the run asks for {need[key]:g} {key} ({how}); limits.{limit}={allowed:g}"))
-    return [{"loc": loc, "msg": f"{msg} for tenant {owner!r}", "type": "limit_exceeded"} for loc, msg in errors]
+    out = [{"loc": loc, "msg": f"{msg} for tenant {owner!r}", "type": "limit_exceeded"} for loc, msg in errors]
+    eng = cfg.rollout.engine
+    if eng.type == "hf" and eng.device != "cpu" and eng.num_gpus == 0:
+        # an actor reserving no GPU sees none (cluster.actors sets CUDA_VISIBLE_DEVICES empty)
+        out.append({"loc": "rollout.engine.num_gpus", "type": "value_error",
+                    "msg": f"rollout.engine.device={eng.device!r} needs rollout.engine.num_gpus >= 1 (or a "
+                           "fraction): an engine that reserves no GPU sees none"})
+    return out
 
 
 class Admission:

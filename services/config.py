@@ -191,8 +191,41 @@ class LimitsConfig(BaseModel):
     """Most Ray CPUs one run's actors may reserve together."""
     max_gpus: int = Field(0, ge=0)
     """Most GPUs one run may use: each engine counts its ``rollout.engine.num_gpus`` (an ``hf``
-    engine whose ``device`` is not ``cpu`` at least one), each learner rank its
-    ``learner.num_gpus``. 0 (the default): CPU-only runs."""
+    engine whose ``device`` is not ``cpu`` at least one, a ``vllm`` engine at least its
+    ``tensor_parallel_size`` when that is above 1), each learner rank its ``learner.num_gpus``.
+    0 (the default): CPU-only runs. Actors that reserve no GPU see none
+    (``CUDA_VISIBLE_DEVICES`` is empty for them)."""
+    max_sft_steps: int = Field(2_000, ge=1)
+    """Largest ``policy.sft.steps`` (the builtin policy's SFT, before training starts)."""
+    max_tokens: int = Field(65_536, ge=1)
+    """Largest token count of one sequence, request or pass: ``rollout.max_new_tokens`` and
+    ``max_context_tokens``, ``live.default_max_tokens`` and ``max_context_tokens``, vLLM's
+    ``max_model_len``, hf's ``score_batch_tokens``, ``rewards.ig.token_budget``,
+    ``policy.tiny.max_positions``."""
+    max_batch: int = Field(1_024, ge=1)
+    """Largest count of sequences, groups or requests held or processed together (group size,
+    groups in flight, learner batch and micro-batch, epochs and mini-batches, SFT batch,
+    engine batches and concurrency, reward batches and queues, replay capacities, eval samples
+    per task, history windows)."""
+    max_items: int = Field(100_000, ge=1)
+    """Largest count of tasks, demos, sessions or iterations (``env.num_*_tasks``,
+    ``policy.sft.num_demos``, ``eval.num_tasks``, ``eval.bootstrap_resamples``,
+    ``sinkhorn_iters``, ``live.max_sessions``, trajectory balance's ``max_tasks``)."""
+    max_threads: int = Field(8, ge=1)
+    """Largest ``torch_threads`` of any actor (rollout, engine, learner, reward scorers)."""
+    max_wait_s: float = Field(3_600.0, gt=0)
+    """Longest timeout or wait any setting asks for (``*_timeout_s``, ``wave_hold_s``,
+    ``retry_s``, ``batch_wait_ms``, ``join_wait_ms``...): a wait holds its resources idle."""
+    max_restarts: int = Field(10, ge=0)
+    """Most restarts any actor kind may have (``*.max_restarts``, ``cluster.service_max_restarts``)."""
+    min_poll_s: float = Field(0.05, ge=0)
+    """Shortest ``weight_poll_s`` (engines, reward service): a shorter poll is a busy loop."""
+    max_memory_gib: float = Field(16.0, gt=0)
+    """Most memory the run's settings reserve together: engine KV caches (``count`` x vLLM
+    ``cpu_kv_cache_gib`` or hf ``prefix_cache_mib``), ``replay.capacity_bytes`` and
+    ``rollout.weights.bucket_mib``."""
+    max_tiny_params: int = Field(50_000_000, ge=1)
+    """Most parameters of the builtin policy (``policy.tiny``) the run builds and trains by SFT."""
 
 
 class ServiceConfig(BaseModel):

@@ -237,9 +237,13 @@ def test_read_roots_overlapping_the_runs_fail_at_start(tmp_path, roots, field: s
 
 def test_limits_name_the_limit(service: Service) -> None:
     errors = refused(service, {"train": {"steps": 1001}})
-    assert errors == {"train.steps": "1001 steps exceed limits.max_steps=1000 for tenant 'alice'"}
+    assert errors == {"train.steps": "1001 is over limits.max_steps=1000 for tenant 'alice'"}
     assert refused(service, {"train": {"steps": 51}}, BOB) == {
-        "train.steps": "51 steps exceed limits.max_steps=50 for tenant 'bob'"}  # bob's override
+        "train.steps": "51 is over limits.max_steps=50 for tenant 'bob'"}  # bob's override
+    # every number that buys CPU, memory or time has a limit (services/limits.py; issue 41 item 3)
+    assert refused(service, {"policy": {"sft": {"steps": 2001}}, "learner": {"torch_threads": 9}}) == {
+        "policy.sft.steps": "2001 is over limits.max_sft_steps=2000 for tenant 'alice'",
+        "learner.torch_threads": "9 is over limits.max_threads=8 for tenant 'alice'"}
     # 3 x 0.1 (rollout) + 1.2 (engine) + 1 (learner) + 0.25 + 0.25 (reward, replay)
     # + 4 x 0.25 (env actors) = 4.0: at the limit
     at_limit = {"rollout": {"num_workers": 3, "env_actors": {"count": 4}, "engine": {"num_cpus": 1.2}}}
@@ -255,9 +259,12 @@ def test_limits_name_the_limit(service: Service) -> None:
     assert errors == {"<root>": "the run asks for 4.5 cpus (the num_cpus of every actor); limits.max_cpus=4 "
                                 "for tenant 'alice'"}
     gpu_limit = ("(rollout.engine.count x rollout.engine.num_gpus (an hf engine whose device is not cpu counts "
-                 "at least 1) + learner.world_size x learner.num_gpus); limits.max_gpus=0 for tenant 'alice'")
+                 "at least 1, a vllm engine at least its tensor_parallel_size above 1) + learner.world_size x "
+                 "learner.num_gpus); limits.max_gpus=0 for tenant 'alice'")
     errors = refused(service, {"rollout": {"engine": {"device": "cuda"}}})
-    assert errors == {"<root>": f"the run asks for 1 gpus {gpu_limit}"}
+    assert errors == {"<root>": f"the run asks for 1 gpus {gpu_limit}",  # and it would see no GPU:
+                      "rollout.engine.num_gpus": "rollout.engine.device='cuda' needs rollout.engine.num_gpus >= 1 "
+                                                 "(or a fraction): an engine that reserves no GPU sees none"}
     # every rank of a GPU learner counts, as do its ranks among the actors
     two_gpu_ranks = {"learner": {"world_size": 2, "num_gpus": 1, "num_cpus": 0.5}}
     assert demand(build_config(two_gpu_ranks))["gpus"] == 2
@@ -268,6 +275,10 @@ def test_limits_name_the_limit(service: Service) -> None:
     vllm = {"rollout": {"engine": {"type": "vllm", "count": 2, "num_gpus": 1}}}
     assert demand(build_config(vllm))["gpus"] == 2 and demand(build_config({"rollout": {"engine": {"type": "vllm"}}}))["gpus"] == 0
     assert refused(service, vllm) == {"<root>": f"the run asks for 2 gpus {gpu_limit}"}
+    # tensor parallelism shards over GPUs whatever num_gpus reserves (issue 41 item 3)
+    tp8 = {"rollout": {"engine": {"type": "vllm", "tensor_parallel_size": 8}}}
+    assert demand(build_config(tp8))["gpus"] == 8
+    assert refused(service, tp8) == {"<root>": f"the run asks for 8 gpus {gpu_limit}"}
 
 
 def test_concurrent_runs_over_the_limit_get_429(service: Service) -> None:
