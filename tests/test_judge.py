@@ -9,6 +9,7 @@ here that follows the format only once reminded.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -165,3 +166,53 @@ def test_slow_judge_bounded_queue_and_timeout(episode) -> None:
     assert timed_out.trajectories[0].turns[-1].rewards == {"outcome": 1.0, "prm": None}
     stats = service.stats()
     assert stats["judge_queue_full"] == 1 and stats["judge_timeout"] == 1
+
+
+class StepJudge:
+    """Scores the k-th step of an episode k out of 10 (reads "### Step k to grade")."""
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        return ["Score: " + re.search(r"### Step (\d+) to grade", p).group(1) for p in prompts]
+
+
+def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) -> None:
+    """From the reward service's stamp to the learner's advantages, with nothing hand-built in
+    between: the service scores a PRM (a judge) and the outcome and stamps the run's weights
+    on each trajectory; ``LearnerWorker._advantages`` reads that stamp."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from learner.advantages.config import PRMEstimatorConfig
+    from learner.config import LearnerConfig
+    from learner.worker import LearnerWorker
+
+    path, _ = episode
+    cfg = judge_cfg()
+    rewards = RewardsConfig(prm=cfg, weights={"prm": 0.5})
+    service = RewardService(rewards, ReplayConfig(), None,
+                            judges=[LocalJudge(JudgeWorker(cfg, path, StepJudge()))])
+    trajs = [_traj("a", 2), _traj("b", 2), _traj("c", 1)]
+    for t in trajs[1:]:  # wrong answers: outcome 0
+        t.answer, t.turns[-1].text = "y", "<answer>y</answer>"
+    scored = asyncio.run(service.score_group(Group(group_id="g", task_id="t", trajectories=trajs)))
+    trajs = scored.trajectories
+    assert [[turn.rewards["prm"] for turn in t.turns] for t in trajs] == [[0.1, 0.2], [0.1, 0.2], [0.1]]
+    assert [t.outcome for t in trajs] == [1.0, 0.0, 0.0]
+    assert trajs[0].metadata["reward_weights"] == {"outcome": 1.0, "prm": 0.5}
+    learner = SimpleNamespace(cfg=LearnerConfig(estimator=PRMEstimatorConfig()))
+    res, mask = LearnerWorker._advantages(learner, trajs)
+    # PRM pool [.1 .2 .1 .2 .1]: mean .14, population std sqrt(.0024) = .0489898, + eps 1e-6
+    # -> z -.816480 (.1) and 1.224720 (.2). Outcome pool [1 0 0]: mean 1/3, std sqrt(2/9) =
+    # .471405 -> z 1.414211, -.707105. r = .5 z_prm (+ z_out on a final turn); A_t = r_t + A_{t+1}:
+    #   a: r = [-.408240, .612360 + 1.414211] -> A = [1.618331, 2.026571]
+    #   b: r = [-.408240, .612360 - .707105] -> A = [-.502985, -.094745]
+    #   c: r = [-.408240 - .707105]           -> A = [-1.115345]
+    np.testing.assert_allclose(res.advantages, [1.618331, 2.026571, -0.502985, -0.094745, -1.115345],
+                               atol=2e-6)
+    assert mask.all()
+    # Without the stamp the estimator weighs the PRM 1: the stamp is what was read.
+    for t in trajs:
+        del t.metadata["reward_weights"]
+    unweighted, _ = LearnerWorker._advantages(learner, trajs)
+    assert unweighted.advantages[0] == pytest.approx(-0.816480 + 1.224720 + 1.414211, abs=2e-6)
