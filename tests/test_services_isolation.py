@@ -71,7 +71,8 @@ def test_run_ids_in_paths_cannot_walk_the_filesystem(service: Service) -> None:
 def test_run_ids_are_unguessable_and_run_directories_private(service: Service) -> None:
     ids = []
     for _ in range(3):
-        assert httpx.post(f"{service.url}/v1/runs", json={"name": "mine"}, headers=bearer(ALICE)).status_code == 503
+        assert httpx.post(f"{service.url}/v1/runs", json={"name": "mine"}, headers=bearer(ALICE),
+                          timeout=120).status_code == 503  # the first admission imports torch
     for run in httpx.get(f"{service.url}/v1/runs", headers=bearer(ALICE)).json()["runs"]:
         ids.append(run["id"])
         mode = stat.S_IMODE((service.state.manager.runs_dir / run["id"]).stat().st_mode)
