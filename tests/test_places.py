@@ -73,3 +73,20 @@ def test_the_runtime_never_takes_a_missing_path_for_a_hub_id(tmp_path: Path, mon
     fs.put(str(tmp_path / "store" / "m"), "/places-test/m", recursive=True)
     local = Path(local_model("memory://places-test/m"))
     assert local.is_relative_to(tmp_path / "node-cache") and (local / "config.json").read_text() == "{}"
+
+
+def test_the_policy_path_goes_through_the_rule(tmp_path: Path) -> None:
+    """learner.bootstrap.ensure_policy: where a run's policy path is decided for every actor."""
+    from cluster.config import build_config
+    from learner.bootstrap import ensure_policy
+
+    def policy(path: str) -> Path | str:
+        cfg = build_config({"policy": {"path": path}})
+        return ensure_policy(cfg.policy, cfg.env, source=None)
+
+    (tmp_path / "policy").mkdir()
+    assert policy(f"file://{tmp_path}/policy") == tmp_path / "policy"
+    assert policy("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # hub: as it is
+    assert policy("s3://bucket/policy") == "s3://bucket/policy"  # each node copies it (node_copy)
+    with pytest.raises(FileNotFoundError, match="policy.path: .* does not exist"):
+        policy(str(tmp_path / "gone"))
