@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from cluster.config import RunConfig, build_config
 from services.config import LimitsConfig, ServiceConfig, ServiceConfigError
 from services.secrets import secret_fields
-from storage.places import PlaceError, check_prefix, classify, under_prefix
+from storage.places import PlaceError, check_prefix, classify, exists, under_prefix
 
 
 class InvalidRunConfig(ValueError):
@@ -312,7 +312,7 @@ class _Walk:
             allowed = "; ".join([*(repr(e) for e in extra), where])
             shown = f" (resolves to {path})" if path is not None and str(path) != value else ""
             self.refuse(loc, f"{value!r}{shown} is not allowed: allowed are {allowed}", "path")
-        elif not path.exists():
+        elif not exists(path):
             self.errors.append({"loc": ".".join(loc), "msg": f"{value!r} (resolves to {path}) does not exist; a "
                                 "path is never looked up on the Hugging Face hub", "type": "missing_path"})
         else:

@@ -95,6 +95,14 @@ def _resolve(value: str, base: Path) -> Path:
         raise PlaceError(f"{value!r} is not a valid path") from None
 
 
+def exists(path: Path) -> bool:
+    """``path.exists()``, False for a name the OS refuses (too long) rather than an error."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def classify(value: str, base: Path | None = None) -> Place:
     """What ``value`` names; relative paths resolve from ``base`` (the working directory when
     None). Raises PlaceError for a forbidden host or a malformed URL."""
@@ -107,7 +115,7 @@ def classify(value: str, base: Path | None = None) -> Place:
         return Place("url", value, url=parts)
     raw = _file_path(value, parts) if parts is not None else value
     path = _resolve(raw, base)
-    if parts is None and not path.exists() and HUB_ID.match(value) and not value.startswith("."):
+    if parts is None and not exists(path) and HUB_ID.match(value) and not value.startswith("."):
         return Place("hub", value)
     return Place("path", value, path=path)
 
@@ -145,7 +153,7 @@ def model_ref(value: str | Path, field: str = "model path") -> str:
     place = classify(str(value))
     if place.kind != "path":
         return place.value
-    if not place.path.exists():
+    if not exists(place.path):
         raise FileNotFoundError(f"{field}: {str(value)!r} does not exist (resolved to {place.path}); a path is "
                                 "never looked up on the Hugging Face hub")
     return str(place.path)

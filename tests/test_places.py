@@ -37,6 +37,7 @@ def test_classify_each_form(tmp_path: Path) -> None:
     assert classify("Qwen/Qwen2.5-0.5B-Instruct", tmp_path).kind == "hub"  # no such path: a hub id
     assert classify("./not-here", tmp_path).kind == "path" and classify("/abs/not-here", tmp_path).kind == "path"
     assert classify("a/b/c", tmp_path).kind == "path"  # three parts: no hub id
+    assert classify("x" * 5000 + "/y/z", tmp_path).kind == "path"  # a name the OS refuses: no error
     assert split_url("models/x://y") is None and classify("models/x://y", tmp_path).kind == "path"
     for bad in ("http://169.254.169.254/latest/meta-data/", "http://[::1]:8000/m", "file://evil.example/etc",
                 "http://host:notaport/m"):
