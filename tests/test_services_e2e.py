@@ -206,6 +206,12 @@ def test_dashboard_renders_live_charts_in_chromium(stack: Stack, runs: dict[str,
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (Debian package: chromium); the dashboard test needs it")
+    with stack.client() as client:
+        url = wait_for(lambda: client.status(runs["A"])["live_url"], "run A's live endpoint")
+    for i in range(3):  # live traffic (three one-request sessions): the live chart must show it
+        reply = httpx.post(f"{url}/chat/completions", headers={"Authorization": f"Bearer {LIVE_TOKEN}"}, timeout=120,
+                           json={"model": "turnrl-policy", "max_tokens": 8, "messages": [{"role": "user", "content": f"hi {i}"}]})
+        assert reply.status_code == 200, reply.text
     browser = Chromium(chromium, tmp_path)
     try:
         browser.navigate(f"{stack.url}/dashboard?run={stack.ids['A']}")
@@ -224,6 +230,10 @@ def test_dashboard_renders_live_charts_in_chromium(stack: Stack, runs: dict[str,
         grown = wait_for(lambda: browser.evaluate(counts)[0] > first[0] and browser.evaluate(counts),
                          "the charts to update without a reload", timeout_s=120)
         assert browser.evaluate("window.__sameDocument === true") and grown[0] > first[0]
+        # the traffic above reached the live chart: a step that served requests, then the three
+        # sessions open (no feedback came, so they stay open)
+        traffic = "view.rows.some(r => r['live/requests_per_s'] > 0) && view.rows.some(r => r['live/sessions_open'] >= 3)"
+        wait_for(lambda: browser.evaluate(traffic), "run A's live traffic in the live chart", timeout_s=120)
         assert browser.evaluate("document.querySelectorAll('svg.chart circle.point').length") >= sum(first)
         assert browser.evaluate("document.getElementById('status').textContent") == "running"
         ARTIFACTS.mkdir(exist_ok=True)
