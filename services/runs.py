@@ -135,6 +135,10 @@ class RunManager:
         self.runs_dir = cfg.runs_path()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.admission = Admission(cfg)  # refuses read roots that overlap the runs
+        # admission's demand() counts actors with cluster.actors' rules, which import torch (seconds
+        # on a busy machine): imported at start, not inside the first submission's request
+        import cluster.actors  # noqa: F401
+        import cluster.reward_service  # noqa: F401
         self._submit_lock = threading.Lock()  # the concurrent-runs count and the new row, together
 
     # -- submit ----------------------------------------------------------------------------
