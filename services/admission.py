@@ -48,6 +48,9 @@ class Rule:
     """Literal values allowed besides what the kind allows (``builtin:tiny``)."""
     cache: str | None = None
     """For ``write``: the subdirectory of the tenant cache it defaults to when not submitted."""
+    hub: bool = True
+    """For ``model``: the runtime may fetch an ``admission.hub_models`` id here (the dense
+    retriever loads local folders only)."""
     urls: bool = False
     """For ``model`` and ``data``: the runtime also reads ``scheme://`` URLs here
     (``storage.local_model``), so one under ``admission.storage_urls`` is allowed."""
@@ -86,7 +89,7 @@ RULES: dict[str, Rule] = {
     "SearchDataConfig.train_path": Rule("data"),
     "SearchDataConfig.heldout_path": Rule("data"),
     "SearchDataConfig.corpus_path": Rule("data"),
-    "SearchDataConfig.dense_model_path": Rule("model"),
+    "SearchDataConfig.dense_model_path": Rule("model", hub=False),
     "SearchDataConfig.index_cache_dir": Rule("write", cache="search_index"),
     "ToolUseConfig.train_path": Rule("data"),
     "ToolUseConfig.heldout_path": Rule("data"),
@@ -280,10 +283,11 @@ class _Walk:
         getattr(self, f"_{rule.kind}")(loc, rule, value, holder)
 
     def _model(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
-        if value in rule.also or value in self.adm.adm.hub_models:
+        hub = self.adm.adm.hub_models if rule.hub else []
+        if value in rule.also or value in hub:
             return
         self._read(loc, value, self.adm.model_roots, "model_roots", urls=rule.urls,
-                   extra=[*rule.also, *(f"hub id {h}" for h in self.adm.adm.hub_models)])
+                   extra=[*rule.also, *(f"hub id {h}" for h in hub)])
 
     def _data(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
         self._read(loc, value, self.adm.data_roots, "data_roots", urls=rule.urls)

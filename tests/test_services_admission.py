@@ -179,6 +179,13 @@ def test_data_fields_take_paths_and_file_urls_only(service: Service, roots: Path
     assert cfg["env"]["data"]["train_path"] == str(roots / "data" / "train.jsonl")  # file:// became its path
 
 
+def test_the_dense_retriever_takes_local_folders_only(service: Service) -> None:
+    data = {"train_path": "data/train.jsonl", "heldout_path": "data/train.jsonl", "corpus_path": "data/train.jsonl",
+            "retriever": "dense", "dense_model_path": "Qwen/Qwen2.5-0.5B-Instruct"}
+    errors = refused(service, {"env": {"data": data}})
+    assert list(errors) == ["env.data.dense_model_path"] and "hub id" not in errors["env.data.dense_model_path"]
+
+
 def test_allowed_places_pass_as_the_runtime_reads_them(service: Service, roots: Path) -> None:
     assert admitted(service, {"policy": {"path": f"{STORE_OK}/smol"}})["policy"]["path"] == f"{STORE_OK}/smol"
     assert admitted(service, {"policy": {"path": f"file://{roots}/models/policy"}})["policy"]["path"] == str(
