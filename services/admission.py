@@ -182,15 +182,9 @@ def demand(cfg: RunConfig) -> dict[str, float]:
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
     """One 422 entry per per-run limit the config exceeds, naming the limit."""
-    from services.limits import memory_gib, number_errors, show, tiny_params
+    from services.limits import number_errors, summed_errors
 
-    errors = number_errors(cfg, limits)
-    for need, limit, how in ((memory_gib(cfg), "max_memory_gib", "GiB of memory (rollout.engine.count x the "
-                              "engine's cpu_kv_cache_gib or prefix_cache_mib + replay.capacity_bytes + "
-                              "rollout.weights.bucket_mib)"),
-                             (tiny_params(cfg), "max_tiny_params", "parameters in policy.tiny")):
-        if need > getattr(limits, limit) + 1e-9:
-            errors.append(("<root>", f"the run asks for {show(need)} {how}; limits.{limit}={show(getattr(limits, limit))}"))
+    errors = number_errors(cfg, limits) + summed_errors(cfg, limits)
     need = demand(cfg)
     what = {"actors": ("max_actors", "rollout.num_workers + rollout.engine.count + rollout.env_actors.count + "
                                      "reward scorers/judges + live gateway + learner.world_size + 3"),

@@ -152,6 +152,19 @@ def number_errors(cfg: BaseModel, limits: LimitsConfig) -> list[tuple[str, str]]
     return errors
 
 
+def summed_errors(cfg: Any, limits: LimitsConfig) -> list[tuple[str, str]]:
+    """("<root>", message) for each limit on what several fields buy together."""
+    errors = []
+    for need, limit, how in ((memory_gib(cfg), "max_memory_gib", "GiB of memory (rollout.engine.count x the "
+                              "engine's cpu_kv_cache_gib or prefix_cache_mib + replay.capacity_bytes + "
+                              "rollout.weights.bucket_mib)"),
+                             (tiny_params(cfg), "max_tiny_params", "parameters in policy.tiny")):
+        allowed = getattr(limits, limit)
+        if need > allowed + 1e-9:
+            errors.append(("<root>", f"the run asks for {show(need)} {how}; limits.{limit}={show(allowed)}"))
+    return errors
+
+
 def memory_gib(cfg: Any) -> float:
     """Memory the run's settings reserve: the engines' KV caches (vLLM ``cpu_kv_cache_gib``, hf
     ``prefix_cache_mib``) per engine, replay's ``capacity_bytes`` and a broadcast bucket."""
