@@ -59,3 +59,15 @@ def test_the_only_secret_in_a_run_config_is_live_tokens() -> None:
 
     with pytest.raises(TypeError, match="items: secrets inside a list"):
         list(secret_fields(Outer(items=[Holder(token="x")])))
+
+
+def test_any_token_text_survives_the_way_back(tmp_path) -> None:
+    """secrets.json -> --set overrides (JSON read as YAML) -> the config: byte-exact."""
+    from cluster.config import apply_overrides, build_config
+    from services.secrets import write_secrets
+
+    odd = ["plain-token-0123456789", 'quo"te\\back: colon # hash', "tab\tnew\nline", "ünï-cødé ✓ 😀", "- [x]: {y}"]
+    cfg = build_config({"live": {"tokens": odd}})
+    write_secrets(tmp_path, cfg)
+    back = build_config(apply_overrides({}, secret_overrides(tmp_path / "run.yaml")))
+    assert [t.get_secret_value() for t in back.live.tokens] == odd
