@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from cluster.config import RunConfig
 from cluster.requirements import check_requirements
+from cluster.rates import mark, step_rates
 from cluster.run_sync import RunSync
 from cluster.survival import (ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, name_engine_death,
                               watch)
@@ -79,96 +80,13 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
     return run_dir, run_id
 
 
-def _throughput(actors: Any, last: dict[str, float]) -> dict[str, float]:
-    """The step's rates and levels: counters the actors keep, as deltas since ``last`` (the
-    previous step, or the ``_mark`` made when training started or an evaluation ended, so
-    neither the time before training nor evaluation's tokens count)."""
-    import ray
-
-    stats = _answering([w.stats.remote() for w in actors.rollouts])
-    engines = _answering([e.stats.remote() for e in actors.engines])
-    replay = ray.get(actors.replay.stats.remote())
-    out = _rates(sum(s["tokens"] for s in engines), sum(s["episodes"] for s in stats), time.time(), last)
-    out |= {"replay/ready": replay.ready, "replay/running": replay.running,
-            "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values()),
-            "rollout/dropped_groups": sum(s.get("dropped", 0) for s in stats)}
-    if actors.gateway is not None:
-        out |= _live_metrics(ray.get(actors.gateway.stats.remote()), last, out["throughput/interval_s"])
-    if engines and all("forwards" in s for s in engines):  # the HF engine counts its decode steps
-        out |= _decode_steps(engines, last)
-    return out
-
-
-def _mark(actors: Any, last: dict[str, float]) -> None:
-    """Start the next step's counting now: its rates cover only what follows."""
-    _throughput(actors, last)
-
-
-def _rates(tokens: float, episodes: float, now: float, last: dict[str, float]) -> dict[str, float]:
-    """Tokens the engines generated and episodes the rollouts finished since ``last``, the
-    seconds since, and their rates; ``last`` moves to now. Empty ``last``: this is the mark
-    counting starts from (nothing counted yet)."""
-    if not last:
-        last.update(t=now, tokens=tokens, episodes=episodes)
-    dt = max(now - last["t"], 1e-9)
-    gen = tokens - last["tokens"]
-    out = {"throughput/gen_tokens": gen, "throughput/interval_s": dt, "throughput/gen_tokens_per_s": gen / dt,
-           "throughput/episodes_per_s": (episodes - last["episodes"]) / dt}
-    last.update(t=now, tokens=tokens, episodes=episodes)
-    return out
-
-
-def _decode_steps(engines: list[dict[str, Any]], last: dict[str, float]) -> dict[str, float]:
-    """Decode steps the engines ran since the last step, their mean rows, the seconds the
-    engines spent decoding and the prompt tokens they computed (not reused from a prefix
-    cache), summed over engines: fuller steps are cheaper samples; busy time against the
-    step's shows whether generation was slow or starved (engines idle while rollouts had
-    nothing to send); prefilled tokens show what weight updates cost the prefix cache."""
-    forwards = sum(s["forwards"] for s in engines)
-    rows = sum(s["forward_rows"] for s in engines)
-    busy = sum(s["decode_s"] for s in engines)
-    prefilled = sum(s.get("prefill_tokens", 0.0) for s in engines)
-    steps = forwards - last.get("forwards", 0)
-    out = {"engine/decode_steps": steps,
-           "engine/rows_per_decode_step": (rows - last.get("forward_rows", 0)) / max(steps, 1),
-           "engine/busy_s": busy - last.get("decode_s", 0.0),
-           "engine/prefill_tokens": prefilled - last.get("prefill_tokens", 0.0)}
-    last.update(forwards=forwards, forward_rows=rows, decode_s=busy, prefill_tokens=prefilled)
-    return out
-
-
-def _answering(refs: list[Any]) -> list[dict[str, Any]]:
-    """The stats of the actors that answer: one that is restarting (its process died; the
-    training loop restarts its work) reports nothing this step."""
-    import ray
-
-    out = []
-    for ref in refs:
-        try:
-            out.append(ray.get(ref))
-        except ray.exceptions.RayActorError:
-            pass
-    return out
-
-
-def _live_metrics(stats: dict[str, Any], last: dict[str, float], dt: float) -> dict[str, float]:
-    """The gateway's counters as per-step rates and levels (the dashboard's live chart)."""
-    requests, recorded = stats["recorder"]["requests"], stats["episodes"]["recorded"]
-    out = {"live/requests_per_s": (requests - last.get("live_requests", 0)) / dt,
-           "live/recorded_per_s": (recorded - last.get("live_recorded", 0)) / dt,
-           "live/sessions_open": stats["sessions_open"], "live/shed": stats["episodes"]["shed"],
-           "live/feedback": stats["feedback"]["received"], "live/timed_out": stats["feedback"]["timed_out"]}
-    last.update(live_requests=requests, live_recorded=recorded)
-    return out
-
-
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
                 on_stage: Callable[[str], None]) -> int:
     import ray
 
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
-    last: dict[str, float] = {}
-    _mark(actors, last)  # rates count from here: not the held-out evaluation before
+    last: dict[str, Any] = {}
+    mark(actors, last)  # rates count from here: not the held-out evaluation before
     rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     sync = RunSync(cfg, result.run_dir)
@@ -196,11 +114,11 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
         metrics["rollout/lost_groups"] = float(revive.lost)
-        metrics |= _throughput(actors, last)
+        metrics |= step_rates(actors, last)
         if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
             scores = _evaluate(actors, heldout, cfg)
             metrics["eval/success"] = sum(scores.values()) / max(len(scores), 1)
-            _mark(actors, last)  # the next step's rates leave the evaluation out
+            mark(actors, last)  # the next step's rates leave the evaluation out
         monitor.update(metrics)
         sync.push("metrics.jsonl")
         result.steps = step  # kept current so an interrupted run reports how far it got

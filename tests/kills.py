@@ -72,7 +72,11 @@ def run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, tuple[float
     out: dict[str, object] = {}
     stages: list[str] = []
     recovery: dict[str, tuple[float, float]] = {}
-    thread = threading.Thread(target=lambda: out.update(result=train(cfg, on_stage=stages.append)))
+    def on_stage(message: str) -> None:  # shown as they come (pytest -s): a hung run says how far it got
+        stages.append(message)
+        print(f"  [run] {message}", flush=True)
+
+    thread = threading.Thread(target=lambda: out.update(result=train(cfg, on_stage=on_stage)))
     thread.start()
     try:
         for step, victim in enumerate(kills, start=1):
@@ -84,7 +88,9 @@ def run_killing(cfg, kills: list[Victim]) -> tuple[object, dict[str, tuple[float
             assert pid in before
             killed_at, t_kill = _steps_logged(run_dir), time.monotonic()
             os.kill(pid, signal.SIGKILL)
-            restart_s = _wait(lambda: any(p not in before for p in victim.pids()), 120, f"{victim.name} to restart")
+            restart_s = _wait(lambda: any(p not in before for p in victim.pids()) or not thread.is_alive(), 120,
+                              f"{victim.name} to restart")
+            assert thread.is_alive(), f"the run ended before {victim.name} was restarted (its error is in the log above)"
             _wait(lambda: _steps_logged(run_dir) > killed_at or not thread.is_alive(), 300, "a step")
             recovery[victim.name] = (restart_s, time.monotonic() - t_kill)
     finally:
