@@ -20,9 +20,28 @@ pytestmark = pytest.mark.slow
 TOKEN = "live-e2e-token"
 
 
-def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[str | None]:
-    """Ask, run the tool call the model makes (a canned result), ask again; returns each
-    reply's text when it was a plain answer (None for a tool call: its text was parsed)."""
+def _served(content: str | None, calls) -> dict:
+    """What the client got for one turn: its content and its calls (name, parsed arguments)."""
+    return {"content": content or None,
+            "calls": [(c.function.name, json.loads(c.function.arguments)) for c in calls or []]}
+
+
+def _streamed_calls(chunks) -> list:
+    """Tool calls assembled from streamed deltas, as the SDK's objects are read."""
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for d in c.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            call["name"] += (d.function.name or "") if d.function else ""
+            call["arguments"] += (d.function.arguments or "") if d.function else ""
+    return [openai.types.chat.ChatCompletionMessageToolCall(
+        id=f"call_{i}", type="function", function={"name": c["name"], "arguments": c["arguments"]})
+        for i, c in sorted(calls.items())]
+
+
+def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[dict]:
+    """Ask, run the tool call the model makes (a canned result), ask again; returns what each
+    reply served (``_served``)."""
     headers = {"X-Session-Id": sid}
     first = client.chat.completions.create(model="turnrl-policy", messages=task.messages, tools=task.tools,
                                            temperature=0.7, max_tokens=48, extra_headers=headers)
@@ -36,12 +55,11 @@ def _agent_session(client: openai.OpenAI, task, sid: str, stream: bool) -> list[
                   extra_headers=headers)
     if stream:
         chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
-        text = "".join(c.choices[0].delta.content or "" for c in chunks)
-        called = any(c.choices[0].delta.tool_calls for c in chunks)
+        second = _served("".join(c.choices[0].delta.content or "" for c in chunks), _streamed_calls(chunks))
     else:
-        second = client.chat.completions.create(**kwargs).choices[0].message
-        text, called = second.content or "", bool(second.tool_calls)
-    return [None if msg.tool_calls else msg.content or "", None if called else text]
+        reply = client.chat.completions.create(**kwargs).choices[0].message
+        second = _served(reply.content, reply.tool_calls)
+    return [_served(msg.content, msg.tool_calls), second]
 
 
 def _start_run(train, cfg) -> tuple[threading.Thread, dict, Path, str, float]:
@@ -62,6 +80,7 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     from transformers import AutoTokenizer
 
     from cluster.driver import train
+    from gateway.toolcalls import split_action
 
     tokenizer = AutoTokenizer.from_pretrained(agent_policy[0])
 
@@ -76,7 +95,7 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     auth = {"Authorization": f"Bearer {TOKEN}"}
     tasks = agent_policy[1].tasks("train")
     sids = [f"agent-{i}" for i in range(4)]
-    texts: dict[str, list[str | None]] = {}
+    texts: dict[str, list[dict]] = {}
     with httpx.Client(timeout=60) as http:
 
         def session(i: int, sid: str) -> None:
@@ -111,16 +130,28 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     # the two steps trained all four sessions, two each, and nothing else
     assert sorted(g.split(":")[1] for g in trained_ids) == sids
     assert {g.split(":")[2] for g in trained_ids} == {"0"} and [row["version"] for row in trained] == [1, 2]
-    recorded = [json.loads(line) for line in (run_dir / "live_sessions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "live_sessions.jsonl").read_text().splitlines()]
+    recorded = [r for r in rows if r["replay"] == "accepted"]
     assert sorted(r["trajectory"]["group_id"] for r in recorded) == sorted(trained_ids)
+    # the one-request "still there?" sessions never got feedback: closed when the run stopped,
+    # kept in the record, counted, not trained
+    assert all(r["replay"] == "dropped_run_ended" and r["trajectory"]["metadata"]["session_id"].startswith("req-")
+               for r in rows if r not in recorded) and len(rows) == len(recorded) + answered
     for row in recorded:
         traj = row["trajectory"]
-        assert row["replay"] == "accepted" and len(traj["turns"]) == 2  # both requests, one segment
+        assert len(traj["turns"]) == 2  # both requests, one segment
         session = texts[traj["group_id"].split(":")[1]]
         for turn, served in zip(traj["turns"], session):
             assert len(turn["action_logprobs"]) == len(turn["action_ids"]) > 0
-            if served is not None:  # a plain answer: the served text is the sampled tokens' text
-                assert tokenizer.decode(turn["action_ids"], skip_special_tokens=True).strip() == served.strip()
+            # what the client got (content, and calls by name and arguments) is exactly what
+            # the recorded tokens say, for tool-call turns as for plain answers
+            text = tokenizer.decode(turn["action_ids"], skip_special_tokens=True)
+            reply = split_action(text, "any", 0)
+            assert (reply.content or None, [(c.name, c.arguments) for c in reply.calls]) == \
+                (served["content"], served["calls"])
+            assert [(c["name"], c["arguments"]) for c in turn["tool_calls"]] == served["calls"]
+    # the agent called its tool: the token-exact check above covered a tool-call turn
+    assert any(served[0]["calls"] for served in texts.values())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["version"] for m in metrics] == [1, 2]
     assert [m["live/trained_sessions"] for m in metrics] == [2.0, 2.0]
@@ -132,13 +163,14 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_config, agent_policy, ray_cluster,
                                                                     tmp_path, engine) -> None:
-    # train.source: mixed, live_fraction 0.5 of 2 groups: every step trains exactly one served
-    # session and one group the rollout workers generated (admission paces them by 1 a step).
-    # With the vLLM engine, one vLLM engine serves both the rollout workers and the endpoint.
+    # train.source: mixed, live_fraction 0.5 of 2 groups, learner.live_shortfall: wait (the
+    # strict mix): every step trains exactly one served session and one group the rollout
+    # workers generated (admission paces them by 1 a step). With the vLLM engine, one vLLM
+    # engine serves both the rollout workers and the endpoint.
     from cluster.driver import train
 
     cfg = tiny_run_config(["policy.sft.steps=300", f"output_dir={tmp_path}", "name=mixed", "live.enabled=true",
-                           f"rollout.engine.type={engine}",
+                           f"rollout.engine.type={engine}", "learner.live_shortfall=wait",
                            "train.source=mixed", "train.live_fraction=0.5", "train.steps=2",
                            "learner.batch_groups=2", "learner.num_cpus=0.5", "learner.checkpoint_every=0",
                            "eval.num_tasks=0", "rollout.group_size=2", "progress=none"])
@@ -159,3 +191,24 @@ def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_conf
     # one published version per step
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2]
+
+
+def test_mixed_training_goes_on_with_rollout_groups_while_no_traffic_comes(tiny_run_config, agent_policy,
+                                                                          ray_cluster, tmp_path) -> None:
+    # Issue 41 item 6: train.source: mixed and nobody calls the endpoint. By default
+    # (learner.live_shortfall: train_rollouts) each step trains its rollout share (1 group of
+    # 2 rollouts) and says the live share was missing; the run ends normally, well inside a
+    # claim timeout it used to die of.
+    from cluster.driver import train
+
+    cfg = tiny_run_config(["policy.sft.steps=300", f"output_dir={tmp_path}", "name=quiet", "live.enabled=true",
+                           "train.source=mixed", "train.live_fraction=0.5", "train.steps=2",
+                           "learner.claim_timeout_s=120", "learner.batch_groups=2", "learner.num_cpus=0.5",
+                           "learner.checkpoint_every=0", "eval.num_tasks=0", "rollout.group_size=2", "progress=none"])
+    result = train(cfg, on_stage=lambda _: None)
+    assert result.steps == 2 and not result.interrupted
+    trained = [json.loads(line)["group_ids"] for line in (result.run_dir / "trained_groups.jsonl").read_text().splitlines()]
+    assert [len(ids) for ids in trained] == [1, 1] and not any(g.startswith("live:") for ids in trained for g in ids)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["live/trained_sessions"], r["live/sessions_missing"], r["samples"]) for r in rows] == [(0.0, 1.0, 2.0)] * 2
+
