@@ -39,6 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from rollout.cores import apply_thread_policy  # noqa: E402
+
+apply_thread_policy()  # before torch loads OpenMP, as every TurnRL process does
+
 import torch  # noqa: E402
 
 from serving import build_policy  # noqa: E402  (bench/ is on sys.path as the script's folder)

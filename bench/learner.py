@@ -28,9 +28,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from rollout.cores import apply_thread_policy  # noqa: E402
+
+apply_thread_policy()  # before torch loads OpenMP, as every TurnRL process does
+
+import torch  # noqa: E402
 
 from bench.tiny_llama import build_tiny_llama  # noqa: E402
 from learner.batching import TokenBatch, build_token_batch  # noqa: E402

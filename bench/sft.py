@@ -29,6 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from rollout.cores import apply_thread_policy  # noqa: E402
+
+apply_thread_policy()  # before torch loads OpenMP, as every TurnRL process does
+
 import torch  # noqa: E402
 
 from learner.sft import _batch_loss, target_weights  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Any
 
 from cluster.config import RunConfig
 from cluster.learner_group import LearnerGroup, start_learner
-from rollout.cores import pin_process
+from rollout.cores import pin_process, thread_policy_env
 from storage import atomic_write
 
 _log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def init_ray(cfg: RunConfig) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local clusters; real ones configure auth themselves
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                              "runtime_env": {"env_vars": _ENV}}
+                              "runtime_env": {"env_vars": {**_ENV, **thread_policy_env()}}}
     # ray.init installs its own SIGTERM handler (sys.exit); keep ours, which stops gracefully.
     term_handler = signal.getsignal(signal.SIGTERM)
     if address:

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rollout.cores import apply_thread_policy
+
+    apply_thread_policy()  # before any subcommand imports torch (SFT, evaluation, scoring run here)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         return _delegate(argv[0], argv[1:])

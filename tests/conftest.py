@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from rollout.cores import apply_thread_policy, thread_policy_env
+
+# Before anything imports torch: this process's OpenMP workers, and every process it starts
+# (Ray workers, vLLM's engine processes, benches), sleep at barriers instead of spinning.
+apply_thread_policy()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -71,6 +76,6 @@ def ray_cluster():
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", **thread_policy_env()}})
     yield ray
     ray.shutdown()

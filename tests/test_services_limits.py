@@ -112,7 +112,8 @@ def test_shipped_configs_and_defaults_fit_the_default_limits(path: Path) -> None
 @pytest.mark.slow
 def test_actors_that_reserve_no_gpu_see_none(monkeypatch) -> None:
     """cluster.actors.init_ray's job environment makes Ray empty CUDA_VISIBLE_DEVICES for actors
-    with num_gpus 0 (Ray 2.60 no longer does by default), so device auto means cpu there."""
+    with num_gpus 0 (Ray 2.60 no longer does by default), so device auto means cpu there; and
+    gives every actor the thread policy (rollout.cores), even where the driver's own env lacks it."""
     import os
 
     import ray
@@ -121,6 +122,7 @@ def test_actors_that_reserve_no_gpu_see_none(monkeypatch) -> None:
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a GPU node's processes would inherit
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY")  # conftest applied it here: the job env must bring it
     init_ray(build_config({"cluster": {"num_cpus": 2}}))
     try:
         @ray.remote(num_cpus=0)
@@ -128,6 +130,11 @@ def test_actors_that_reserve_no_gpu_see_none(monkeypatch) -> None:
             def visible(self) -> str | None:
                 return os.environ.get("CUDA_VISIBLE_DEVICES")
 
-        assert ray.get(Probe.remote().visible.remote(), timeout=120) == ""
+            def wait_policy(self) -> str | None:
+                return os.environ.get("OMP_WAIT_POLICY")
+
+        probe = Probe.remote()
+        assert ray.get(probe.visible.remote(), timeout=120) == ""
+        assert ray.get(probe.wait_policy.remote(), timeout=120) == "PASSIVE"
     finally:
         ray.shutdown()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
 
 from rollout.config import VLLMEngineConfig
+from rollout.cores import thread_policy_env
 from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, check_first, new_request_id
 from rollout.engines.transport import BroadcastWeights, FileWeights, WeightHandle, write_safetensors
 
@@ -52,6 +53,9 @@ def _vllm_env(cfg: VLLMEngineConfig) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.torch_threads))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's engine processes start after this one loaded OpenMP: they read the policy fresh.
+    for key, value in thread_policy_env().items():
+        os.environ.setdefault(key, value)
 
 
 def _label_at(starts: list[tuple[str, int]], index: int) -> int:
