@@ -8,7 +8,6 @@ newest (version, handle); engines ask for anything newer than what they serve.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
@@ -92,22 +91,28 @@ class WeightBroker:
     (``LearnerWorker.republish``); until then engines keep serving what they have."""
 
     def __init__(self) -> None:
-        self._version = 0
-        self._handle: WeightHandle | None = None
-        self._published_at = 0.0
+        import threading
+
+        self._latest: tuple[int, WeightHandle | None] = (0, None)
+        """(version, handle), replaced whole: readers never see one without the other."""
+        self._lock = threading.Lock()
+        """Two threads (the driver's vigil holds one): a republish of an older version racing
+        a publish of a newer one must never win."""
 
     def publish(self, version: int, handle: WeightHandle) -> None:
         """``handle``: where the version's weights are (its tensors never pass through here)."""
-        if version > self._version:
-            self._version, self._handle, self._published_at = version, handle, time.time()
+        with self._lock:
+            if version > self._latest[0]:
+                self._latest = (version, handle)
 
     def latest(self, have: int) -> tuple[int, WeightHandle] | None:
-        if self._handle is None or self._version <= have:
+        version, handle = self._latest
+        if handle is None or version <= have:
             return None
-        return self._version, self._handle
+        return version, handle
 
     def version(self) -> int:
-        return self._version
+        return self._latest[0]
 
     def vigil(self) -> None:
         """Never returns: the driver's call that fails the moment this process dies."""
