@@ -253,7 +253,8 @@ class LiveService:
         """Close the sessions with feedback idle past ``close_after_feedback_s`` and every
         session idle past ``feedback_timeout_s``; waits for their submissions; returns how many."""
         after_feedback = [s for s in self.recorder.idle(self.cfg.close_after_feedback_s) if s in self._feedback]
-        timed_out = [s for s in self.recorder.idle(self.cfg.feedback_timeout_s) if s not in after_feedback]
+        closing = set(after_feedback)
+        timed_out = [s for s in self.recorder.idle(self.cfg.feedback_timeout_s) if s not in closing]
         tasks = [self._close_now(s, "feedback_idle") for s in after_feedback]
         tasks += [self._close_now(s, "timed_out") for s in timed_out]
         await asyncio.gather(*[t for t in tasks if t is not None])

@@ -68,7 +68,7 @@ def _start_run(train, cfg) -> tuple[threading.Thread, dict, Path, str, float]:
     runner = threading.Thread(target=lambda: outcome.update(result=train(cfg, on_stage=lambda _: None)), daemon=True)
     runner.start()
     run_dir = Path(cfg.output_dir) / cfg.name
-    deadline = time.time() + 240
+    deadline = time.time() + 600  # a vLLM engine took over 4 minutes to start on a busy 2-core machine
     while not (run_dir / "live.json").exists():
         assert runner.is_alive() and time.time() < deadline, "the run never served its endpoint"
         time.sleep(0.5)
