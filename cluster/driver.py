@@ -24,8 +24,8 @@ from cluster.config import RunConfig
 from cluster.requirements import check_requirements
 from cluster.rates import mark, step_rates
 from cluster.run_sync import RunSync
-from cluster.survival import (ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, name_engine_death,
-                              watch)
+from cluster.survival import (ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, dead_callee,
+                              name_engine_death, watch)
 
 __all__ = ["ComponentDied", "LearnerDied", "NothingToResumeError", "RunResult", "prepare_run_dir", "train"]
 
@@ -277,8 +277,10 @@ def _final_checkpoint(actors: Any, on_stage: Callable[[str], None]) -> str | Non
     try:
         path = actors.learner.get("save_checkpoint")
     except Exception as exc:  # noqa: BLE001 - the learner itself may be what failed
-        on_stage(f"no final checkpoint: the learner is unavailable ({type(exc).__name__}); "
-                 "the last periodic checkpoint (learner.checkpoint_every) is in checkpoints/")
+        callee = dead_callee(exc, actors)
+        why = f"the {callee} it saves through died" if callee else f"the learner is unavailable ({type(exc).__name__})"
+        on_stage(f"no final checkpoint: {why}; the last periodic checkpoint (learner.checkpoint_every) "
+                 "is in checkpoints/")
         return None
     on_stage(f"checkpoint: {path}")
     return path
