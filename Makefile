@@ -55,6 +55,13 @@ test-deps:
 demo: venv
 	$(PY) -m cluster.cli train configs/demo.yaml $(ARGS)
 
+# Compiled artefacts land in the checkout's own .cache (ignored), not in /tmp or ~/.cache: a
+# second run of the suite finds them whatever cleared /tmp, and deleting the checkout deletes
+# them. Inductor: vLLM's CPU sampler compiles its small ops (~150 MB of precompiled header);
+# DeepSpeed: the shared-memory all-reduce two CPU learner ranks build (~40 s of g++ cold).
+test: export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
+test: export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
+test: export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 test: test-venv vllm test-deps
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)

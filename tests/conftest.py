@@ -21,6 +21,10 @@ os.environ.setdefault("DS_BUILD_OPS", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
+# Compiled artefacts in the checkout's .cache, as `make test` sets them (Makefile says why).
+for _var, _sub in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("VLLM_CACHE_ROOT", "vllm"),
+                   ("TORCH_EXTENSIONS_DIR", "torch_extensions")):
+    os.environ.setdefault(_var, str(ROOT / ".cache" / _sub))
 
 # Small enough to build in seconds; the integration tests need a working policy, not a good one.
 TINY_OVERRIDES = [
