@@ -208,6 +208,8 @@ def test_dashboard_renders_live_charts_in_chromium(stack: Stack, runs: dict[str,
         pytest.skip("chromium is not installed (Debian package: chromium); the dashboard test needs it")
     with stack.client() as client:
         url = wait_for(lambda: client.status(runs["A"])["live_url"], "run A's live endpoint")
+        # rates count from the training start: traffic sent before it shows in no step's rate
+        wait_for(lambda: client.status(runs["A"])["step"] >= 1, "run A to train a step")
     for i in range(3):  # live traffic (three one-request sessions): the live chart must show it
         reply = httpx.post(f"{url}/chat/completions", headers={"Authorization": f"Bearer {LIVE_TOKEN}"}, timeout=120,
                            json={"model": "turnrl-policy", "max_tokens": 8, "messages": [{"role": "user", "content": f"hi {i}"}]})
