@@ -167,3 +167,28 @@ def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
     assert host.release_producer("a") == 1  # a died holding one more
     assert host.stats().running == 2 and host.release_producer("a") == 0
     assert host.release_producer("b") == 2 and host.stats().running == 0
+
+
+@requires_redis
+def test_a_re_sent_acknowledgement_runs_once(tmp_path) -> None:
+    """Ray re-sends the calls a replay host was running when it died to the host it starts
+    again: an acknowledgement that already ran returns its first reply (the host's operation
+    id is made from the claim id), instead of failing the learner's step as an unknown claim,
+    and counts nothing twice."""
+    from replay.config import ReplayConfig
+    from replay.host import ReplayHost
+    from replay.redis_server import RedisServer
+    from tests.redis_fixture import make_group
+
+    with RedisServer(tmp_path / "redis") as server:
+        cfg = ReplayConfig(type="redis", url=server.url)
+        first = ReplayHost(cfg, batch_groups=1, run_dir=str(tmp_path), run_id="resent")
+        assert first.put(make_group("g1")).accepted
+        claim = first.claim(1)
+        first.ack(claim.claim_id, 1)
+        first.close()
+        again = ReplayHost(cfg, batch_groups=1, run_dir=str(tmp_path), run_id="resent")  # same Redis
+        again.ack(claim.claim_id, 1)  # the call Ray re-sent
+        s = again.stats()
+        again.close()
+    assert (s.trained, s.version, s.claimed) == (1, 1, 0)
