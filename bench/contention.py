@@ -15,7 +15,8 @@ it), timed after a warm-up, alone and then beside ``--busy`` processes spinning
   ``rollout.engine.torch_threads`` at its default (vllm: only where vLLM is installed).
 
 Prints per workload the rates, the slowdown (alone / busy; goal <= 3x), the CPU seconds a unit
-took, and the 1-minute load average before each side. ``--policy off`` runs the workloads with
+took (the workload's own process: vLLM's engine runs in processes of its own, not counted), and
+the 1-minute load average before each side. ``--policy off`` runs the workloads with
 OpenMP's own defaults instead of ``rollout.cores.THREAD_POLICY`` (the before of the fix).
 """
 
