@@ -8,10 +8,10 @@ actor pins itself when it starts, so a restarted one lands on its cores again.
 
 The thread policy: torch's OpenMP workers sleep at once when a parallel region ends instead of
 spinning for the next one (libgomp's default spins ~300k times at every barrier; Intel's
-OpenMP for 200 ms). Spinning is free on an idle machine and ruinous on a busy one: the spinning
-worker holds a core the thread with the real work needs. On 2 cores beside one busy process a
-tiny-model SFT step burnt 2.0-2.5 s of CPU spinning against 0.3 s passive, and ran ~10x slower
-(docs/results/contention.md). OpenMP reads the policy once, when torch first loads it, so each
+OpenMP for 200 ms). Spinning wakes a worker faster on an idle machine (a tiny-model SFT step
+~25% faster alone) and is ruinous on a busy one: the spinning worker holds a core the thread
+with the real work needs. On a loaded 2-core machine that step burnt 1.6-2.5 s of CPU spinning
+against 0.3 s passive and ran 4-15x slower (docs/results/contention.md). OpenMP reads the policy once, when torch first loads it, so each
 process's entry applies it before importing torch (``apply_thread_policy``), and processes
 started from it (Ray workers through the runtime env, vLLM's engine processes) inherit it.
 """
