@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import types
 import typing
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,6 +18,8 @@ import httpx
 import pytest
 import yaml
 from pydantic import BaseModel
+
+from config_walk import field_types, section_models
 
 from cluster.config import RunConfig, build_config
 from services.admission import RULES, Admission, InvalidRunConfig, demand
@@ -310,27 +311,6 @@ SUSPICIOUS = re.compile(r"path|dir|file|binary|exe|function|callable|module|comm
                         r"host|address|socket|env|plugin|import|class|hook")
 
 
-def _types(annotation: Any) -> list[Any]:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _types(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType, list, dict, tuple, set, frozenset):
-        return [annotation, *(t for a in typing.get_args(annotation) for t in _types(a))]
-    return [annotation]
-
-
-def _models(model: type[BaseModel], seen: dict[str, type[BaseModel]]) -> dict[str, type[BaseModel]]:
-    if model.__name__ in seen:
-        assert seen[model.__name__] is model, f"two RunConfig classes are called {model.__name__}"
-        return seen
-    seen[model.__name__] = model
-    for info in model.model_fields.values():
-        for t in _types(info.annotation):
-            if isinstance(t, type) and issubclass(t, BaseModel):
-                _models(t, seen)
-    return seen
-
-
 def _names_nothing(t: Any) -> bool:
     """Numbers, flags, fixed choices and sections (walked themselves) cannot name code or a file."""
     return (t in (int, float, bool, type(None)) or typing.get_origin(t) is typing.Literal
@@ -338,11 +318,11 @@ def _names_nothing(t: Any) -> bool:
 
 
 def test_every_free_text_or_path_like_field_is_classified() -> None:
-    models = _models(RunConfig, {})
+    models = section_models(RunConfig)
     unclassified = []
     for cls_name, model in models.items():
         for name, info in model.model_fields.items():
-            kinds = _types(info.annotation)
+            kinds = field_types(info.annotation)
             free_text = any(t is str or t is Any for t in kinds)
             named_like = SUSPICIOUS.search(name) and not all(_names_nothing(t) for t in kinds[1:] or kinds)
             if (free_text or named_like) and f"{cls_name}.{name}" not in RULES:

@@ -8,13 +8,12 @@ schema walk keeps ``BUDGETS`` and ``FREE`` complete.
 
 from __future__ import annotations
 
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+
+from config_walk import field_types, section_models
 
 from cluster.config import RunConfig, build_config, load_config
 from services.admission import demand, limit_errors
@@ -24,29 +23,10 @@ from services.limits import BUDGETS, FREE, memory_gib, tiny_params
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _types(annotation: Any) -> list[Any]:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _types(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType, list, dict, tuple, set, frozenset):
-        return [annotation, *(t for a in typing.get_args(annotation) for t in _types(a))]
-    return [annotation]
-
-
-def _models(model: type[BaseModel], seen: dict[str, type[BaseModel]]) -> dict[str, type[BaseModel]]:
-    if model.__name__ not in seen:
-        seen[model.__name__] = model
-        for info in model.model_fields.values():
-            for t in _types(info.annotation):
-                if isinstance(t, type) and issubclass(t, BaseModel):
-                    _models(t, seen)
-    return seen
-
-
 def test_every_number_is_budgeted_or_says_why_not() -> None:
-    models = _models(RunConfig, {})
+    models = section_models(RunConfig)
     numbers = {f"{cls}.{name}" for cls, model in models.items() for name, info in model.model_fields.items()
-               if any(t in (int, float) for t in _types(info.annotation))}
+               if any(t in (int, float) for t in field_types(info.annotation))}
     unclassified = sorted(numbers - set(BUDGETS) - set(FREE))
     assert unclassified == [], f"give these a limit in services/limits.py BUDGETS, or a reason in FREE: {unclassified}"
     stale = sorted((set(BUDGETS) | set(FREE)) - numbers)
