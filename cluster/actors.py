@@ -31,6 +31,12 @@ _ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0", "PYTH
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
 
 
+def job_env() -> dict[str, str]:
+    """The environment every actor of a run gets (Ray's runtime env): the settings above and
+    the thread policy."""
+    return {**_ENV, **thread_policy_env()}
+
+
 def init_ray(cfg: RunConfig) -> None:
     """Join ``cluster.address`` or RAY_ADDRESS, else start a local cluster."""
     import ray
@@ -47,7 +53,7 @@ def init_ray(cfg: RunConfig) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local clusters; real ones configure auth themselves
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                              "runtime_env": {"env_vars": {**_ENV, **thread_policy_env()}}}
+                              "runtime_env": {"env_vars": job_env()}}
     # ray.init installs its own SIGTERM handler (sys.exit); keep ours, which stops gracefully.
     term_handler = signal.getsignal(signal.SIGTERM)
     if address:

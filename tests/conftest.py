@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.cores import apply_thread_policy, thread_policy_env
+from rollout.cores import apply_thread_policy
 
 # Before anything imports torch: this process's OpenMP workers, and every process it starts
 # (Ray workers, vLLM's engine processes, benches), sleep at barriers instead of spinning.
@@ -79,7 +79,8 @@ def agent_policy(tiny_run_config):
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", **thread_policy_env()}})
+    from cluster.actors import job_env  # a run's actor environment, so tests see what runs see
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": job_env()})
     yield ray
     ray.shutdown()

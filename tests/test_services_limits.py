@@ -8,6 +8,9 @@ schema walk keeps ``BUDGETS`` and ``FREE`` complete.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,32 +92,33 @@ def test_shipped_configs_and_defaults_fit_the_default_limits(path: Path) -> None
     assert limit_errors(build_config({}), LimitsConfig(), "alice") == []
 
 
+# Its own process: the test session's Ray (conftest's ray_cluster) may already run here, and
+# init_ray joins a running Ray as it is, so the probe must start the cluster itself.
+PROBE = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # what a GPU node's processes would inherit
+os.environ.pop("OMP_WAIT_POLICY", None)  # the job env must bring the thread policy
+os.environ.pop("RAY_ADDRESS", None)
+import ray
+from cluster.actors import init_ray
+from cluster.config import build_config
+init_ray(build_config({{"cluster": {{"num_cpus": 2}}}}))
+
+@ray.remote(num_cpus=0)
+def probe():
+    return [os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_WAIT_POLICY")]
+
+print(json.dumps(ray.get(probe.remote(), timeout=120)))
+ray.shutdown()
+"""
+
+
 @pytest.mark.slow
-def test_actors_that_reserve_no_gpu_see_none(monkeypatch) -> None:
+def test_actors_that_reserve_no_gpu_see_none() -> None:
     """cluster.actors.init_ray's job environment makes Ray empty CUDA_VISIBLE_DEVICES for actors
     with num_gpus 0 (Ray 2.60 no longer does by default), so device auto means cpu there; and
     gives every actor the thread policy (rollout.cores), even where the driver's own env lacks it."""
-    import os
-
-    import ray
-
-    from cluster.actors import init_ray
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a GPU node's processes would inherit
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("OMP_WAIT_POLICY")  # conftest applied it here: the job env must bring it
-    init_ray(build_config({"cluster": {"num_cpus": 2}}))
-    try:
-        @ray.remote(num_cpus=0)
-        class Probe:
-            def visible(self) -> str | None:
-                return os.environ.get("CUDA_VISIBLE_DEVICES")
-
-            def wait_policy(self) -> str | None:
-                return os.environ.get("OMP_WAIT_POLICY")
-
-        probe = Probe.remote()
-        assert ray.get(probe.visible.remote(), timeout=120) == ""
-        assert ray.get(probe.wait_policy.remote(), timeout=120) == "PASSIVE"
-    finally:
-        ray.shutdown()
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT))], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["", "PASSIVE"]

@@ -42,7 +42,11 @@ def _cpu_seconds(apply: bool, env: dict[str, str]) -> float:
 
 
 def test_openmp_workers_sleep_between_regions_under_the_policy() -> None:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")}
+    # Without LD_PRELOAD too: vLLM's CPU platform adds torch's libgomp to this process's
+    # LD_PRELOAD (after an earlier vLLM test in the session), and a child that preloads OpenMP
+    # has it loaded before its first line, so the policy could not reach it first.
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT", "LD_PRELOAD")}
     policy = _cpu_seconds(True, base)
     # libgomp's default (OMP_WAIT_POLICY unset; "" reads as unset): spin ~300k times a barrier
     spinning = _cpu_seconds(False, {**base, "OMP_WAIT_POLICY": ""})
