@@ -58,6 +58,7 @@ class LocalLivePorts:
 def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] = ()) -> Any:
     """A ``RewardService`` (no model scorers; ``judges``: ``LocalJudge`` ports) that puts into
     the in-process ``store``."""
+    from replay.client import StoreOutlet
     from replay.config import ReplayConfig
     from rewards.config import RewardsConfig
     from rewards.service import RewardService
@@ -65,7 +66,7 @@ def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] 
     async def put_many(groups: list[Any], scheduled: bool = True) -> list[Any]:
         return store.put_many(groups, scheduled)
 
-    return RewardService(rewards_cfg or RewardsConfig(), ReplayConfig(), put_many, judges=list(judges))
+    return RewardService(rewards_cfg or RewardsConfig(), StoreOutlet(put_many, ReplayConfig()), judges=list(judges))
 
 
 def scorable_without_feedback(cfg: RunConfig) -> bool:

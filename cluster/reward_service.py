@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import RunConfig
+from replay.client import StoreOutlet
 from replay.record import GroupRecord
 
 
@@ -139,7 +140,7 @@ def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: 
     return ray.remote(instrument(RewardService, "reward")).options(
         num_cpus=cfg.cluster.reward_num_cpus, max_concurrency=1000, max_restarts=-1,
         resources=cfg.cluster.service_resources,
-    ).remote(cfg.rewards, cfg.replay, ReplayPut(replay), ports, [ActorJudge(a) for a in judges])
+    ).remote(cfg.rewards, StoreOutlet(ReplayPut(replay), cfg.replay), ports, [ActorJudge(a) for a in judges])
 
 
 def engine_ig_ports(cfg: RunConfig, engines: Any, model_ports: list[Any]) -> list[Any]:

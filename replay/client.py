@@ -84,6 +84,26 @@ class PutCoalescer:
             self._sending = False
 
 
+class StoreOutlet:
+    """A store's ``put_many(groups, scheduled)`` as the reward service's
+    ``rewards.ports.ReplayOutlet``: scheduled puts coalesced into few calls and waiting while
+    the store is full (``aput``), live offers sent alone and never waiting."""
+
+    def __init__(self, put_many: Callable[[list[Group], bool], Awaitable[list[PutResult]]],
+                 cfg: ReplayConfig) -> None:
+        self.put_many, self.cfg = put_many, cfg
+        # Groups scored together (one batch of the scorers) finish together: their puts go
+        # to replay as one call (Redis: one transaction and one fsync instead of one each).
+        self._coalesced = PutCoalescer(lambda groups: put_many(groups, True))
+
+    async def put(self, group: Group) -> PutResult:
+        return await aput(self._coalesced, group, self.cfg)
+
+    async def offer(self, group: Group) -> PutResult:
+        (result,) = await self.put_many([group], False)
+        return result
+
+
 def poll_claim(claim: Callable[[], Claim | None], wait_s: float) -> Claim | None:
     """``claim()`` until it gives a batch or ``wait_s`` is over, asking every 20 ms: for a
     store in this process, which no put can wake (a replay actor's ``claim_wait`` waits

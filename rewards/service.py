@@ -12,7 +12,7 @@ pool of model scorers, a pool of judges and the replay store. Per submitted grou
    turns; otherwise (or after ``timeout_s``) the turn's judgement is missing and flagged, so a
    slow judge costs a group at most ``timeout_s`` and never stalls the scorers;
 4. every source's values go into their own slot; failures are ``None`` plus a flag; then the
-   group is put into replay and the ``PutResult`` returned.
+   group goes to replay through its outlet (``rewards.ports``) and the store's answer is returned.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
-from replay.base import PutResult
-from replay.client import PutCoalescer, aput
-from replay.config import ReplayConfig
 from rewards.combine import SourceResult, failed, missing_counts, process_result, write_source
 from rewards.config import JudgeConfig, RewardsConfig
 from rewards.judge import Judgement
+from rewards.ports import PutOutcome, ReplayOutlet
 from rewards.worker import inapplicable_sources, score_cheap
 from rollout.trajectory import Group, Trajectory
 
@@ -78,17 +76,13 @@ class RewardService:
     """The front: ``submit`` (score, then put) for rollout actors, ``score_group`` (score only)
     for offline use, ``stats`` for the driver and metrics. See the module docstring."""
 
-    def __init__(self, cfg: RewardsConfig, replay_cfg: ReplayConfig,
-                 put_many: Callable[[list[Group], bool], Awaitable[list[PutResult]]] | None,
+    def __init__(self, cfg: RewardsConfig, replay: ReplayOutlet | None,
                  scorers: list[ScorerPort] = (), judges: list[JudgePort] = ()) -> None:
         if (cfg.ig is not None or (cfg.prm is not None and cfg.prm.type == "model")) and not scorers:
             raise ValueError("rewards.ig / rewards.prm need at least one model scorer")
         if isinstance(cfg.prm, JudgeConfig) and not judges:
             raise ValueError("rewards.prm type judge needs at least one judge worker")
-        self.cfg, self.replay_cfg, self._put_many = cfg, replay_cfg, put_many
-        # Groups scored together (one batch of the scorers) finish together: their puts go
-        # to replay as one call (Redis: one transaction and one fsync instead of one each).
-        self._put = None if put_many is None else PutCoalescer(lambda groups: put_many(groups, True))
+        self.cfg, self.replay = cfg, replay
         self.scorers, self.judges = list(scorers), list(judges)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
@@ -125,25 +119,25 @@ class RewardService:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- submit --------------------------------------------------------------------------
-    async def submit(self, group: Group) -> PutResult:
+    async def submit(self, group: Group) -> PutOutcome:
         """Score every trajectory of ``group`` with the configured sources, then put it."""
         self._start()
         await self.score_group(group)
-        if self._put is None:
+        if self.replay is None:
             raise RuntimeError("this RewardService has no replay; use score_group")
-        result = await aput(self._put, group, self.replay_cfg)
+        result = await self.replay.put(group)
         self._counts["put"][result.status] = self._counts["put"].get(result.status, 0) + 1
         return result
 
-    async def submit_live(self, group: Group) -> PutResult:
+    async def submit_live(self, group: Group) -> PutOutcome:
         """A live session's segment: score it with the sources that apply, then offer it to
         replay unscheduled (it holds no producer's reservation) without waiting: a full store
         refuses it at once and the gateway counts it shed."""
         self._start()
         await self.score_group(group)
-        if self._put_many is None:
+        if self.replay is None:
             raise RuntimeError("this RewardService has no replay; use score_group")
-        (result,) = await self._put_many([group], False)
+        result = await self.replay.offer(group)
         self._counts["live_put"][result.status] = self._counts["live_put"].get(result.status, 0) + 1
         return result
 

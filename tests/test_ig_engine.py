@@ -66,7 +66,6 @@ def test_the_reward_service_writes_engine_ig_into_the_turns(tiny_path) -> None:
     0..T-2 with the engine's version, equal to the model-copy scorer's IG."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from replay.config import ReplayConfig
     from rewards.config import RewardsConfig
     from rewards.ig_engine import EngineScorerPort
     from rewards.service import RewardService
@@ -78,7 +77,7 @@ def test_the_reward_service_writes_engine_ig_into_the_turns(tiny_path) -> None:
     want = IGScorer(LlamaForCausalLM.from_pretrained(tiny_path), tok, cfg.ig).score_per_turn(trajs)
     client = local_client(VLLMEngineConfig(max_model_len=512), tiny_path)
     try:
-        service = RewardService(cfg, ReplayConfig(), None, [EngineScorerPort(EngineIGScorer(client, tok, cfg.ig))])
+        service = RewardService(cfg, None, [EngineScorerPort(EngineIGScorer(client, tok, cfg.ig))])
         group = asyncio.run(service.score_group(Group(group_id="g", task_id="t", trajectories=trajs)))
     finally:
         asyncio.run(client.engine.close())

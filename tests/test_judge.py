@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from replay.config import ReplayConfig
 from rewards.config import JudgeConfig, RewardsConfig
 from rewards.judge import (HFJudge, JudgeWorker, episode_prompts, format_judge, judge_turns,
                            parse_score)
@@ -110,7 +109,7 @@ def test_tiny_llm_judge_emits_garbage_missing_and_flagged(episode) -> None:
     for j in judgements:
         assert j.score is None and j.error == "unparseable after 2 attempts"
         assert len(j.raw) == 2  # first reply and the retry, both kept
-    service = RewardService(RewardsConfig(prm=cfg), ReplayConfig(), None, judges=[LocalJudge(worker)])
+    service = RewardService(RewardsConfig(prm=cfg), None, judges=[LocalJudge(worker)])
     group = Group(group_id="g", task_id=traj.task_id, trajectories=[traj.model_copy(deep=True)])
     scored = asyncio.run(service.score_group(group)).trajectories[0]
     assert all(t.rewards["prm"] is None for t in scored.turns)  # missing, never zero
@@ -142,7 +141,7 @@ def test_slow_judge_bounded_queue_and_timeout(episode) -> None:
     path, _ = episode
     gate = GatedJudge()
     cfg = judge_cfg(queue_size=3, timeout_s=0.5, batch_size=8)
-    service = RewardService(RewardsConfig(prm=cfg), ReplayConfig(), None,
+    service = RewardService(RewardsConfig(prm=cfg), None,
                             judges=[LocalJudge(JudgeWorker(cfg, path, gate))])
 
     async def run() -> tuple[Group, Group, dict, float]:
@@ -190,7 +189,7 @@ def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) ->
     path, _ = episode
     cfg = judge_cfg()
     rewards = RewardsConfig(prm=cfg, weights={"prm": 0.5})
-    service = RewardService(rewards, ReplayConfig(), None,
+    service = RewardService(rewards, None,
                             judges=[LocalJudge(JudgeWorker(cfg, path, StepJudge()))])
     trajs = [_traj("a", 2), _traj("b", 2), _traj("c", 1)]
     for t in trajs[1:]:  # wrong answers: outcome 0

@@ -20,7 +20,6 @@ import torch
 from learner.advantages.config import A2TGPOConfig, IGPOConfig
 from learner.config import LearnerConfig
 from learner.worker import LearnerWorker
-from replay.config import ReplayConfig
 from rewards.combine import combined_turn_reward
 from rewards.config import IGConfig, MatchConfig, RewardsConfig
 from rewards.service import LocalScorer, RewardService
@@ -99,7 +98,7 @@ def test_outcome_match_ig_each_in_its_own_slot(policy) -> None:
 
     cfg = RewardsConfig(ig=IGConfig(), match=MatchConfig(), weights={"ig": 0.5})
     scorer = ModelScorer(cfg, policy.path)
-    service = RewardService(cfg, ReplayConfig(), None, [LocalScorer(scorer)])
+    service = RewardService(cfg, None, [LocalScorer(scorer)])
     good, wrong = episode(policy, 1, False), episode(policy, 1, True)
     asyncio.run(service.score_group(group_of("g", good, wrong)))
     # MatchTIR, hungarian: the wrong search has similarity 2/3 to each gold search (same tool
@@ -134,7 +133,7 @@ def test_ig_follows_published_weights_and_counts_mismatch(policy) -> None:
     cfg = RewardsConfig(ig=IGConfig(keep_versions=2))
     published = Published()
     scorer = ModelScorer(cfg, policy.path, published, poll_s=0.0)
-    service = RewardService(cfg, ReplayConfig(), None, [LocalScorer(scorer)])
+    service = RewardService(cfg, None, [LocalScorer(scorer)])
     v1 = perturbed_state(policy.model, 1)
     published.states[1] = v1
     old, new = episode(policy, 2, True, version=0), episode(policy, 2, True, version=1)
@@ -165,7 +164,7 @@ def test_scorer_errors_are_missing_and_flagged(policy) -> None:
     from rewards.scorer import ModelScorer
 
     cfg = RewardsConfig(ig=IGConfig(), match=MatchConfig())
-    service = RewardService(cfg, ReplayConfig(), None, [LocalScorer(ModelScorer(cfg, policy.path))])
+    service = RewardService(cfg, None, [LocalScorer(ModelScorer(cfg, policy.path))])
     bad = episode(policy, 3, True)
     bad.gold_answers, bad.gold_tool_calls = None, None  # a task without gold labels
     good = episode(policy, 3, False)
@@ -309,7 +308,7 @@ def test_close_stops_the_background_tasks() -> None:
     # A loop stopped with the batcher and judge loops pending leaves coroutines that complain
     # when they are collected (the gateway's loop, a test harness's).
     async def run() -> tuple[int, int, float | None]:
-        service = RewardService(RewardsConfig(), ReplayConfig(), None)
+        service = RewardService(RewardsConfig(), None)
         traj = Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=[1], outcome=None,
                           turns=[Turn(action_ids=[2], action_logprobs=[-0.5], policy_version=0)])
         scored = await service.score_group(Group(group_id="g", task_id="t", trajectories=[traj]))

@@ -144,6 +144,7 @@ def test_learner_subclass_records_train_step_metrics() -> None:
 
 def test_reward_service_counts_groups_in_flight() -> None:
     from replay.base import PutResult
+    from replay.client import StoreOutlet
     from replay.config import ReplayConfig
     from rewards.config import RewardsConfig
     from rewards.service import RewardService
@@ -155,7 +156,7 @@ def test_reward_service_counts_groups_in_flight() -> None:
             await gate.wait()
             return [PutResult("accepted") for _ in groups]
 
-        service = instrument(RewardService, "reward")(RewardsConfig(), ReplayConfig(), put_many)
+        service = instrument(RewardService, "reward")(RewardsConfig(), StoreOutlet(put_many, ReplayConfig()))
         pending = asyncio.ensure_future(service.submit(make_group("g1")))
         for _ in range(100):
             await asyncio.sleep(0)
