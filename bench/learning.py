@@ -83,20 +83,20 @@ SHARED = ["rollout.num_workers=1", "rollout.group_size=8", "rollout.groups_in_fl
           "rollout.max_new_tokens=64", "rollout.num_cpus=0.5", "rollout.temperature=0.7",
           "eval.temperature=0.7", "learner.batch_groups=4", "learner.lr=2e-4",
           *demo_overrides(("learner.loss",)), "eval.num_tasks=100", "progress=none"]
-# search QA: the demo's own task and warm start (docs/learning.md "Making the demo learn");
+# search QA: the demo's own task and warm start (docs/results/demo.md "Making the demo learn");
 # household plans take up to 10 actions (30 by default is slow on CPU for nothing)
 SEARCH_QA_AS_DEMO = demo_task_overrides()
 # tool use: two-call questions (3 turns) and a digit-level tokenizer, so the warm start copies
 # numbers from the question and tool outputs: 0.34 held-out after 1500 SFT steps, where merged
 # digit runs gave 0.01 after 1000. lr 5e-5: at the demo's 2e-4 (without KL) training and
-# held-out success both fell in every cell (docs/learning.md "Tool use")
+# held-out success both fell in every cell (docs/results/learning_bench.md "Tool use")
 TOOL_USE = ["env.min_calls=2", "env.max_calls=2", "env.max_turns=3", "policy.tiny.split_digits=true",
             "policy.sft.steps=1500", "learner.lr=5e-5"]
 # household: "place" goals in the kitchen alone (plans of 3-6 actions) in 8 turns, objects visible
 # in room descriptions (the planner's demonstrations go straight to objects; without seeing them
 # the warm start only guesses), and a 1-turn history window (goal, last action and observation:
 # enough to act on), as GiGPO's and HGPO's ALFWorld agents bound theirs. The full house with a
-# 2-turn window gave a warm start that solved no task (docs/learning.md "Household")
+# 2-turn window gave a warm start that solved no task (docs/results/learning_bench.md "Household")
 HOUSEHOLD = ["env.goal_types=[place]", "env.other_rooms=0", "env.max_turns=8",
              "env.visible_items=true", "rollout.history_turns=1", "policy.sft.batch_size=8",
              "policy.sft.steps=900", "policy.sft.context_loss_weight=0.3"]

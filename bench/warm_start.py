@@ -9,7 +9,7 @@ Builds (or loads from the cache) the run's policy exactly as ``turnrl train`` wo
    counts how often its greedy action is exactly the demonstrated one, per turn index.
 
 A policy can write well-formed calls and still fail every task; (2) says at which turn of the
-plan it stops following. Numbers of the household study in docs/learning.md (the bench's
+plan it stops following. Numbers of the household study in docs/results/learning_bench.md (the bench's
 household warm start; the earlier, whole-house row: ``env.max_turns=10``, no
 ``env.other_rooms``, ``rollout.history_turns=2``, ``policy.sft.steps=400``):
 

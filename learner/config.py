@@ -33,7 +33,7 @@ class TinyModelConfig(BaseModel):
     """Tokenize every digit on its own. Numbers then share ten well-trained tokens, so a tiny
     model copies any number from a question or a tool's output digit by digit; with merged
     digit runs ("0015") each number is its own rare token, and copying fails
-    (docs/learning.md, tool use). Off by default: it lengthens sequences, and text tasks do
+    (docs/results/learning_bench.md, tool use). Off by default: it lengthens sequences, and text tasks do
     not need it."""
 
 
@@ -61,14 +61,14 @@ class SFTConfig(BaseModel):
     tool, with a guess (another task's gold answer). The warm start then sometimes answers
     without looking, as instruct models do before agent training; only searching answers
     questions about facts it has never seen, so RL has a behaviour to learn that carries over
-    to held-out questions (docs/learning.md). 0: every demonstration uses the tools."""
+    to held-out questions (docs/results/demo.md). 0: every demonstration uses the tools."""
     env: dict[str, Any] = {}
     """Environment config keys replaced for the demonstrations, so the warm start sees other
     questions than RL trains on: e.g. ``{num_heldout_tasks: 300, max_train_pairs: null}`` with
     the run's ``env.num_heldout_tasks: 150, env.max_train_pairs: 150`` demonstrates only facts
     neither RL nor evaluation asks about (configs/search_qa_reading.yaml). Another world
     (``{seed: 1}``) also works mechanically, but its policy could not read the run's world
-    (docs/learning.md). Empty: demonstrate the run's own training tasks."""
+    (docs/results/demo.md). Empty: demonstrate the run's own training tasks."""
     seed: int = 0
     """Shuffling and init seed."""
 
