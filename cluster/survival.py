@@ -86,6 +86,11 @@ class Vigils:
         self.cfg, self.actors, self.on_stage = cfg, actors, on_stage
         self.restarts = dict.fromkeys(self.SERVICES, 0)
         self.refs: dict[Any, str] = {self._start(s): s for s in self.SERVICES}
+        # Engines are watched only where they are not restarted: on the broadcast transport the
+        # learner's next send would otherwise wait out the group's timeout before failing.
+        if cfg.rollout.weights.transport == "broadcast":
+            self.refs |= {e.vigil.options(max_task_retries=0).remote(): f"engine {i}"
+                          for i, e in enumerate(actors.engines)}
 
     def _start(self, service: str) -> Any:
         return getattr(self.actors, service).vigil.options(max_task_retries=0).remote()
@@ -95,13 +100,15 @@ class Vigils:
         import ray
 
         service = self.refs.pop(ref)
-        name = self.SERVICES[service]
+        name = self.SERVICES.get(service, service)
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             cause = type(exc).__name__
         else:
             raise RuntimeError(f"the {name}'s vigil returned; it never should")
+        if service not in self.SERVICES:
+            raise ComponentDied(f"{name} died ({cause}): {_BROADCAST_ENGINE}")
         limit = self.cfg.cluster.service_max_restarts
         if service == "replay" and self.cfg.replay.type != "redis":
             raise ComponentDied(
@@ -135,6 +142,11 @@ class Vigils:
                       f"(restart {self.restarts[service]} of {self.cfg.cluster.service_max_restarts})")
 
 
+_BROADCAST_ENGINE = ("engines on the broadcast weight transport are not restarted: a new process cannot join "
+                     "the group its peers formed with the learner (rollout.weights.transport=object_store or "
+                     "file restarts them)")
+
+
 def dead_engines(actors: Any, timeout_s: float = 10.0) -> list[int]:
     """Indexes of the run's engines whose process is gone for good (asked after a step
     failed: an engine on the broadcast weight transport is never restarted, and the learner's
@@ -158,9 +170,7 @@ def name_engine_death(cfg: Any, actors: Any, exc: BaseException) -> ComponentDie
     dead = dead_engines(actors)
     if not dead:
         return None
-    why = ("engines on the broadcast weight transport are not restarted: a new process cannot join the "
-           "group its peers formed with the learner (rollout.weights.transport=object_store or file "
-           "restarts them)" if cfg.rollout.weights.transport == "broadcast"
+    why = (_BROADCAST_ENGINE if cfg.rollout.weights.transport == "broadcast"
            else f"rollout.engine.max_restarts={cfg.rollout.engine.max_restarts} restarts used up")
     names = ", ".join(f"engine {i}" for i in dead)
     return ComponentDied(f"{names} died and the learner's step failed ({type(exc).__name__}): {why}")

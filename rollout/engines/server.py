@@ -148,5 +148,10 @@ class EngineServer:
     def version(self) -> int:
         return self.engine.version
 
+    async def vigil(self) -> None:
+        """Never returns: the driver's call that fails the moment this process dies (an engine
+        on the broadcast weight transport, which is not restarted, ends the run at once)."""
+        await asyncio.Event().wait()
+
     def stats(self) -> dict[str, float]:
         return {**self.engine.stats(), "weight_poll_errors": float(self._follow_errors)}
