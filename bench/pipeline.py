@@ -27,7 +27,7 @@ fixes the side; ``--glue split`` puts Ray and the driver with generation and the
 services (reward, replay, weight broker: ``cluster.services_cpu_affinity``) with the learner;
 ``--shared-cores`` runs both modes unpinned instead. The "engine s" column is the seconds the
 engines spent decoding per step: near g when generation limits, and higher in async than in
-sync when the glue shares the engine's core (docs/cluster.md); "prefilled" is the prompt tokens
+sync when the glue shares the engine's core (docs/results/pipeline.md); "prefilled" is the prompt tokens
 they computed a step rather than took from a prefix cache (a weight update mid-episode makes an
 episode's cached turns stale).
 
