@@ -12,7 +12,8 @@ process per call, as tool_use does) and in-process (the tool source exec'd once,
 called directly), interleaved call by call so both see the same machine load; the difference
 is the overhead per call, and their ratio is printed.
 
-Targets (issue 3): under 5 ms per search step, under 20 ms per sandboxed tool call (p50).
+Targets (the environments' design goal): under 5 ms per search step, under 20 ms per sandboxed
+tool call (p50).
 """
 
 from __future__ import annotations

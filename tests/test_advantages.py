@@ -88,7 +88,8 @@ def test_grpo_pools_rollouts_not_turns_and_broadcasts_to_turns():
 
 
 def test_grpo_statistics_over_step_rows():
-    # Issue 21 item 8. Rollout a: 3 turns, outcome 1; rollout b: 1 turn, outcome 0.
+    # verl-agent's multi-turn GRPO pools group statistics over step rows; ours pools rollouts
+    # by default. Rollout a: 3 turns, outcome 1; rollout b: 1 turn, outcome 0.
     b = make([0] * 4, [0, 0, 0, 1], [0, 1, 2, 0], [1, 1, 1, 0])
     # per_rollout (default): pool [1, 0], unbiased std sqrt(.5) -> +-.5/(sqrt(.5)+E) = +-0.7071.
     e = 0.5 / (math.sqrt(0.5) + E)
@@ -209,10 +210,11 @@ def test_igpo_all_equal_and_singleton():
 
 
 def test_igpo_variance_floor_on_a_small_spread():
-    # Issue 21 item 5. One group, two single-IG rollouts: IG 0.1 and 0.1001, answers 1 and 0,
+    # The IGPO authors' variance floor, std = sqrt(var + 1e-8), against the plain std on a pool
+    # with a small spread. One group, two single-IG rollouts: IG 0.1 and 0.1001, answers 1 and 0,
     # separate pools. IG pool [0.1, 0.1001]: mean 0.10005, devs -+5e-5, population var 2.5e-9.
-    #  authors (sqrt(var + 1e-8) + 1e-6): 5e-5 / (1.1180e-4 + 1e-6) = 0.4432 (issue 41 item 8:
-    #    their epsilon; the issue that added the floor quoted +0.44)
+    #  authors (sqrt(var + 1e-8) + 1e-6): 5e-5 / (1.1180e-4 + 1e-6) = 0.4432 (the + 1e-6 is
+    #    their epsilon: compute_grpo_outcome_advantage in their core_algos.py)
     #  plain sqrt(var) + 1e-6:            5e-5 / (5e-5 + 1e-6)     = 0.9804
     # Outcome pool [1, 0]: +-0.5/(sqrt(0.25 + 1e-8) + 1e-6); gamma 1 adds it to turn 0.
     b = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], ig=[0.1, NAN, 0.1001, NAN])
@@ -362,7 +364,8 @@ def test_gigpo_invalid_penalty_and_per_step_stats():
 
 
 def test_gigpo_invalid_penalty_on_the_step_row():
-    # Issue 21 item 7. GI with b's turn 1 invalid (penalty .1), mean_norm for plain numbers.
+    # verl-agent subtracts the invalid-action penalty from the invalid step's own row only.
+    # GI with b's turn 1 invalid (penalty .1), mean_norm for plain numbers.
     b = make(GI.group_id, GI.rollout_id, GI.turn_index, GI.outcome,
              anchor=["s0", "s1", "s2", "s0", "s0", "s1"],
              invalid=[False, False, False, False, True, False], env=GI.rewards["env"])
@@ -466,7 +469,7 @@ def test_hgpo_masked_turn_leaves_pools_keeps_history():
     close(out[[2, 5]], [(k + 2 * o + 3 * o) / 6, (-2 * k - 2 * o - 3 * o) / 6])
 
 
-# ---------------------------------------------------------------- configured sources (item 9)
+# ------------------------------------- configured sources: every reward source reaches the loss
 # a: turns 0, 1 (PRM .8, .6), outcome 1 | b: turns 0, 1 (PRM .2, .4), outcome 0
 PRM_BATCH = make([0] * 4, [0, 0, 1, 1], [0, 1, 0, 1], [1, 1, 0, 0], prm=[0.8, 0.6, 0.2, 0.4])
 

@@ -1,6 +1,6 @@
-"""Live training never dies for want of traffic (issue 41, item 6): how the learner claims a
-``train.source: mixed`` batch (``learner.ports.claim_batch``) from a real in-process replay
-store through the learner's own ports. By default (``learner.live_shortfall:
+"""Live training never dies for want of traffic (a run with no live session ready keeps
+training): how the learner claims a ``train.source: mixed`` batch (``learner.ports.claim_batch``)
+from a real in-process replay store through the learner's own ports. By default (``learner.live_shortfall:
 train_rollouts``) a batch is the rollout share plus the sessions that are ready; ``wait``
 keeps the fixed mix and waits for it."""
 

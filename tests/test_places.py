@@ -1,4 +1,5 @@
-"""storage.places: one meaning for every value that names a model or data place (issue 41 item 2).
+"""storage.places: one meaning for every value that names a model or data place (admission and
+the runtime classify a path, a ``file://`` URL and any other URL the same way).
 
 The same ``classify`` serves admission (tests/test_services_admission.py checks each form over
 HTTP) and the runtime (``model_ref`` / ``local_model``, where ``from_pretrained`` gets its path).

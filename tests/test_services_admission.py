@@ -164,7 +164,7 @@ def test_paths_outside_the_allowed_roots_are_422(service: Service, body: dict, l
 ])
 def test_every_form_of_a_place_gets_one_meaning(service: Service, roots: Path, value: str, kind: str,
                                                 says: str) -> None:
-    """Issue 41 item 2: storage.places' rule, for URLs, file:// and paths alike (422 naming the field)."""
+    """storage.places' rule, for URLs, file:// and paths alike (422 naming the field)."""
     res = submit(service, {"policy": {"path": value.format(roots=roots)}})
     assert res.status_code == 422, res.text
     [error] = res.json()["detail"]
@@ -248,7 +248,7 @@ def test_limits_name_the_limit(service: Service) -> None:
     assert errors == {"train.steps": "1001 is over limits.max_steps=1000 for tenant 'alice'"}
     assert refused(service, {"train": {"steps": 51}}, BOB) == {
         "train.steps": "51 is over limits.max_steps=50 for tenant 'bob'"}  # bob's override
-    # every number that buys CPU, memory or time has a limit (services/limits.py; issue 41 item 3)
+    # every number that buys CPU, memory or time has a limit (services/limits.py)
     assert refused(service, {"policy": {"sft": {"steps": 2001}}, "learner": {"torch_threads": 9}}) == {
         "policy.sft.steps": "2001 is over limits.max_sft_steps=2000 for tenant 'alice'",
         "learner.torch_threads": "9 is over limits.max_threads=8 for tenant 'alice'"}
@@ -283,7 +283,7 @@ def test_limits_name_the_limit(service: Service) -> None:
     vllm = {"rollout": {"engine": {"type": "vllm", "count": 2, "num_gpus": 1}}}
     assert demand(build_config(vllm))["gpus"] == 2 and demand(build_config({"rollout": {"engine": {"type": "vllm"}}}))["gpus"] == 0
     assert refused(service, vllm) == {"<root>": f"the run asks for 2 gpus {gpu_limit}"}
-    # tensor parallelism shards over GPUs whatever num_gpus reserves (issue 41 item 3)
+    # tensor parallelism shards over GPUs whatever num_gpus reserves: demand counts them
     tp8 = {"rollout": {"engine": {"type": "vllm", "tensor_parallel_size": 8}}}
     assert demand(build_config(tp8))["gpus"] == 8
     assert refused(service, tp8) == {"<root>": f"the run asks for 8 gpus {gpu_limit}"}

@@ -260,7 +260,7 @@ def test_auth_and_validation_on_the_live_service(stack: Stack, runs: dict[str, s
 
 
 def test_live_endpoint_takes_the_real_token_not_the_masked_one(stack: Stack, runs: dict[str, str]) -> None:
-    """Issue 41 item 1: admission keeps the run's secret; everything people see shows it masked."""
+    """Admission keeps the run's secret; everything people see shows it masked."""
     with stack.client() as client:
         url = wait_for(lambda: client.status(runs["A"])["live_url"], "run A's live endpoint")
         detail, logs = client.status(runs["A"]), client.logs(runs["A"], tail=400)

@@ -1,4 +1,5 @@
-"""Secrets survive admission (issue 41 item 1), over real HTTP with no Ray behind the service.
+"""Secrets survive admission (a submitted ``SecretStr`` reaches the job as written, never as
+its masked form), over real HTTP with no Ray behind the service.
 
 A run submitted with ``live.tokens`` is recorded with the masked form in ``run.yaml`` and the
 real token in a 0600 ``secrets.json``; the job's entrypoint (``services.job``) rebuilds the

@@ -126,7 +126,7 @@ def test_match_rewards_fail_when_task_files_have_no_gold_calls(tmp_path: Path) -
     check_requirements(ok, make_task_source(ok.env))
 
 
-# -- every configured reward source counts (issue 21 item 9) ---------------------------------
+# -- every configured reward source counts: an estimator reads it or the run is refused -----
 _PRM = "rewards.prm={type: model, path: runs/prm}"
 
 
@@ -181,7 +181,7 @@ _JUDGE = "rewards.prm={type: judge, backend: callable, function: 'rewards.judge:
 
 @pytest.mark.parametrize("prm", [_PRM, _JUDGE])
 def test_live_training_with_a_prm_or_judge_passes_under_the_default_estimator(prm: str) -> None:
-    # Issue 41 item 6: train.source: live trains only live sessions, whose estimator is the
+    # train.source: live trains only live sessions, whose estimator is the
     # running baseline (learner.live_baseline), which reads every source; the default
     # estimator (GRPO, outcome only) never sees a batch, so it cannot refuse the PRM/judge.
     from cluster.requirements import unread_sources
