@@ -16,10 +16,23 @@ from typing import Callable
 import psutil
 
 
+def own_processes() -> list[psutil.Process]:
+    """This test process's descendants: the Ray clusters it started (their raylets are its
+    children, their workers the raylets'), never another pytest worker's (pytest -n runs
+    several suites' clusters on one machine at once)."""
+    return psutil.Process().children(recursive=True)
+
+
+def cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # ended since it was listed
+        return []
+
+
 def _actor_pids(title: str) -> list[int]:
     """Processes of live Ray actors of class ``title`` (Ray titles them ``ray::<Class>...``)."""
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].startswith(f"ray::{title}")]
+    return [p.pid for p in own_processes() if (cmdline(p) or [""])[0].startswith(f"ray::{title}")]
 
 
 def _wait(predicate, timeout: float, what: str) -> float:

@@ -21,6 +21,8 @@ import pytest
 import redis
 from redis_fixture import requires_redis
 
+from tests.kills import cmdline, own_processes
+
 from replay.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.slow, requires_redis]
@@ -47,8 +49,8 @@ def _trained(run_dir: Path) -> list[dict]:
 
 def _learner_process() -> psutil.Process | None:
     """The Ray worker hosting this run's learner actor (its process title names the class)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        if "ray::LearnerWorker" in " ".join(proc.info["cmdline"] or []):
+    for proc in own_processes():
+        if "ray::LearnerWorker" in " ".join(cmdline(proc)):
             return proc
     return None
 
