@@ -58,8 +58,7 @@ def trajectories(args: argparse.Namespace, vocab: int) -> list[Trajectory]:
                           policy_version=0, observation_ids=rand(args.obs_tokens) if t < args.turns - 1 else [])
                      for t in range(args.turns)]
             out.append(Trajectory(trajectory_id=f"{g}-{r}", task_id=f"t{g}", group_id=f"g{g}",
-                                  prompt_ids=rand(args.prompt_tokens), turns=turns, outcome=float(r % 2),
-                                  metadata={"on_missing": "mask_turn"}))
+                                  prompt_ids=rand(args.prompt_tokens), turns=turns, outcome=float(r % 2)))
     return out
 
 

@@ -270,7 +270,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         group = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
             (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
             {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,
-             "live_groups": live_groups, "dist": dist, "storage_url": storage_url, "version_floor": version_floor}))
+             "live_groups": live_groups, "dist": dist, "storage_url": storage_url, "version_floor": version_floor,
+             "rewards": cfg.rewards}))
         pin(group.ranks, cfg.learner.cpu_affinity, "learner.cpu_affinity")
         return group
 

@@ -3,7 +3,7 @@
 Both load the run's config (``cluster.config.load_config``) so the sources, their settings and
 the policy are exactly a training run's. Scoring runs the same ``RewardService`` as training,
 in-process, with no replay: every configured source is written per turn into the schema's
-JSONL, failures as ``None`` plus a flag in ``metadata["reward_errors"]``.
+JSONL, failures as ``None`` plus a flag in ``reward_errors``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from cluster.config import ConfigError, RunConfig, load_config
 
-_CLEARED_METADATA = ("reward_errors", "ig_detail", "prm_detail")
+_RESCORED_DETAILS = ("ig", "prm")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         _config_args(train)
         train.add_argument("--output", help="where the PRM goes (default: rewards.prm.path)")
         train.add_argument("--episodes", help="train on this labelled trajectories JSONL "
-                                              "(metadata.labels per turn) instead of playing the env")
+                                              "(labels per turn) instead of playing the env")
     return parser
 
 
@@ -69,8 +69,8 @@ def _groups(trajs: list[Any]) -> list[Any]:
 
 def _reset(traj: Any, sources: list[str]) -> None:
     """Forget earlier scores of the sources about to be rescored (env stays: it is logged)."""
-    for key in _CLEARED_METADATA:
-        traj.metadata.pop(key, None)
+    traj.reward_errors = []
+    traj.reward_details = {k: v for k, v in traj.reward_details.items() if k not in _RESCORED_DETAILS}
     for turn in traj.turns:
         for source in sources:
             if source != "env":

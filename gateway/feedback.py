@@ -116,5 +116,6 @@ def apply_feedback(recorder: SessionRecorder, session_id: str, body: Any) -> Fee
             index += 1
         if traj.turns:
             traj.turns[-1].rewards["outcome"] = feedback.outcome
-        traj.metadata["feedback"] = True
+        if traj.live is not None:
+            traj.live.feedback = True
     return feedback

@@ -197,19 +197,19 @@ class LiveService:
             return
         seg, t = followed
         turns = [turn.model_copy(deep=True) for turn in seg.trajectory.turns[:t + 1]]
-        traj = seg.trajectory.model_copy(update={"turns": turns, "metadata": dict(seg.trajectory.metadata)})
+        traj = seg.trajectory.model_copy(update={"turns": turns, "live": seg.trajectory.live.model_copy(deep=True)})
         task = asyncio.get_running_loop().create_task(self.ports.judge_early(traj, [t]))
         self._early.setdefault(seg.trajectory.group_id, {})[t] = task
 
     async def _prejudged(self, traj: Trajectory) -> None:
-        """Stamp the segment's early judgements (``metadata["prejudged"]``) so the reward
+        """Keep the segment's early judgements (``live.prejudged``) so the reward
         service judges only the turns left; a failed early call leaves its turn to it."""
         early = self._early.pop(traj.group_id, {})
         results = await asyncio.gather(*early.values(), return_exceptions=True)
-        pre = {str(t): res[0] for t, res in zip(early, results)
+        pre = {t: res[0] for t, res in zip(early, results)
                if isinstance(res, list) and len(res) == 1 and t < len(traj.turns)}
-        if pre:
-            traj.metadata["prejudged"] = pre
+        if pre and traj.live is not None:
+            traj.live.prejudged = pre
 
     def _chunk(self, call: _Call, choices: list[Any]) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,

@@ -49,7 +49,7 @@ from typing import Any, Callable, Protocol, Sequence
 from gateway.errors import SessionEnded, UnknownSession
 from gateway.toolcalls import AssistantReply, same_message
 from rollout import chat
-from rollout.trajectory import Trajectory, Turn
+from rollout.trajectory import LiveOrigin, Trajectory, Turn
 
 CAUSES = ("history_rewritten", "template_not_append_only", "retokenization_drift", "concurrent_requests",
           "closed_in_flight")
@@ -279,7 +279,7 @@ class SessionRecorder:
             trajectory_id=uuid.uuid4().hex, task_id=f"live:{session.session_id}",
             group_id=f"live:{session.session_id}:{index}:{uuid.uuid4().hex[:8]}",
             prompt_ids=list(prompt_ids),
-            metadata={"session_id": session.session_id, "segment": index, "live": True},
+            live=LiveOrigin(session_id=session.session_id, segment=index),
         )
         session.segments.append(LiveSegment(traj))
         self._counters["segments"] += 1

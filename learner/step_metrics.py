@@ -18,7 +18,7 @@ def batch_metrics(trajs: list[Trajectory], staleness: list[int]) -> dict[str, fl
         "rollout/error_rate": float(np.mean([t.error is not None for t in trajs])),
         "rollout/action_tokens": float(sum(t.num_action_tokens() for t in trajs)),
         "samples": float(len(trajs)),
-        "live/trained_sessions": float(sum(bool(t.metadata.get("live")) for t in trajs)),
+        "live/trained_sessions": float(sum(t.live is not None for t in trajs)),
         "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
         "staleness/max": float(max(staleness)) if staleness else 0.0,
     }

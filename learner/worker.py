@@ -46,6 +46,7 @@ from replay.base import Claim
 from replay.client import wait_claim
 from storage import RunStorage, atomic_write, node_copy
 from rollout.shared_prefix import next_token_logprobs, shared_length
+from rewards.config import RewardsConfig
 from rollout.trajectory import Trajectory
 
 
@@ -53,17 +54,22 @@ class LearnerWorker:
     def __init__(self, cfg: LearnerConfig, model_path: str, run_dir: str, ports: LearnerPorts,
                  *, group_size: int, temperature: float, resume: bool = False,
                  live_groups: int = 0, dist: DistSpec | None = None, storage_url: str | None = None,
-                 version_floor: int = 0) -> None:
+                 version_floor: int = 0, rewards: RewardsConfig | None = None) -> None:
         """``ports`` are used by rank 0 only; ``dist`` places this worker in a multi-rank
         learner (None: the only rank). ``storage_url``: where checkpoints and run state are
         uploaded and resumed from (``cluster.storage``; None: ``run_dir`` is the record).
         ``version_floor``: for a learner restarted inside a running job, the newest version
         the engines already serve; versions continue above it (engines only ever move
-        forward), starting with the checkpoint's weights published as the next one."""
+        forward), starting with the checkpoint's weights published as the next one.
+        ``rewards``: the run's reward config, whose trained sources and weights the estimator
+        reads and whose ``on_missing`` handles failed scorers (None: the estimator's own
+        sources, ``mask_turn``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.ports, self.temperature = cfg, ports, temperature
+        self.reward_weights = rewards.trained_weights() if rewards is not None else None
+        self.on_missing = rewards.on_missing if rewards is not None else "mask_turn"
         self.rank, self.world = (dist.rank, dist.world_size) if dist else (0, 1)
         self.device = resolve_device(cfg)
         self.run_dir = Path(run_dir)
@@ -200,23 +206,21 @@ class LearnerWorker:
         return self.ports.republish() if self.rank == 0 else 0
 
     def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
-        """Advantages and the turn mask. The estimator weighs and combines the sources stamped
-        in ``metadata["reward_weights"]``. A reward the estimator reads that a scorer failed to
-        give (``None``) is handled per ``on_missing`` (default: the ``metadata["on_missing"]``
-        the reward service stamps from RewardsConfig, else ``mask_turn``): ``mask_turn`` drops
+        """Advantages and the turn mask. The estimator weighs and combines the run's reward
+        sources (``reward_weights``, from the RewardsConfig the learner was built with). A reward
+        the estimator reads that a scorer failed to give (``None``) is handled per ``on_missing``
+        (default: the run's ``rewards.on_missing``): ``mask_turn`` drops
         that turn from every pool and the loss, ``skip_group`` drops the trajectory's whole
         group, ``zero`` reads it as 0.0 (biased; for debugging)."""
-        # The run's reward sources and weights, stamped by the reward service
-        # (RewardsConfig.trained_weights()); without a stamp, the estimator's own sources.
-        weights = next((t.metadata["reward_weights"] for t in trajs if "reward_weights" in t.metadata),
-                       None)
+        # The run's reward sources and weights (RewardsConfig.trained_weights()); without a
+        # reward config, the estimator's own sources.
+        weights = self.reward_weights
         needed = read_sources(self.cfg.estimator, weights)
         # A column for every source read, even one no turn of this batch carries (IG in a batch
         # of one-turn rollouts): the run checked at start that its reward stages produce them.
         batch = turn_batch_from_trajectories(trajs, needed - {"outcome"})
         mask = batch.mask.copy()
-        mode = on_missing or next((t.metadata["on_missing"] for t in trajs if "on_missing" in t.metadata),
-                                  "mask_turn")
+        mode = on_missing or self.on_missing
         if mode not in ("mask_turn", "skip_group", "zero"):
             raise ValueError(f"on_missing {mode!r}; known: mask_turn, skip_group, zero")
         # Failed scorers are explicit None values (a source absent from a turn is no failure).
@@ -246,8 +250,8 @@ class LearnerWorker:
                         ) -> tuple[list[Trajectory], AdvantageResult, np.ndarray]:
         """Scheduled groups through ``estimator``, live sessions through the running baseline
         (``live_baseline``); returns the trajectories reordered (scheduled first) to match."""
-        sched = [t for t in trajs if not t.metadata.get("live")]
-        live = [t for t in trajs if t.metadata.get("live")]
+        sched = [t for t in trajs if t.live is None]
+        live = [t for t in trajs if t.live is not None]
         parts = [self._advantages(sched)] if sched else []
         if live:
             parts.append(self._live_advantages(live))
@@ -264,8 +268,8 @@ class LearnerWorker:
 
     def _live_advantages(self, live: list[Trajectory]) -> tuple[AdvantageResult, np.ndarray]:
         batch = turn_batch_from_trajectories(live)
-        weights = next((t.metadata["reward_weights"] for t in live if "reward_weights" in t.metadata), None)
-        res, self.live_state = running_baseline(batch, self.cfg.live_baseline, self.live_state, weights)
+        res, self.live_state = running_baseline(batch, self.cfg.live_baseline, self.live_state,
+                                                self.reward_weights)
         return res, res.mask
 
     def _update(self, trajs: list[Trajectory]) -> dict[str, float]:

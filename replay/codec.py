@@ -24,7 +24,8 @@ field), format 2 written from list fields (the same layout; a field whose values
 held a plain list in the tree), a payload starting with ``{`` (the JSON written before,
 ``Group.model_dump_json()``), and a zlib stream of any of them (first byte 0x78, which neither
 ``{`` nor the magic is). The format version byte tells the binary layouts apart; a reader
-refuses one newer than it knows.
+refuses one newer than it knows. Trajectories of an older schema (``schema_version`` below 3)
+are upgraded as they are read (``rollout.trajectory.upgrade_record``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from rollout.token_array import IntArray, NumArray
-from rollout.trajectory import Group
+from rollout.trajectory import Group, upgrade_record
 
 MAGIC = b"TRG"
 FORMAT_VERSION = 2
@@ -329,6 +330,9 @@ def _decode_binary(record: bytes | bytearray) -> Group:
     else:
         raise ValueError(f"replay record format {version} is newer than this build reads "
                          f"({FORMAT_VERSION}): upgrade the reader")
+    # A record of an older trajectory schema: its bookkeeping moves out of metadata first
+    # (rollout/trajectory.py), as validation does for JSON; _build does not validate.
+    tree["trajectories"] = [upgrade_record(t) for t in tree.get("trajectories", ())]
     group = _build(Group, tree, reader)
     reader.check_used_up()
     return group

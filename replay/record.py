@@ -28,15 +28,14 @@ class GroupRecord:
     min_version: int
     """Oldest weights version in the group (``Group.min_version``): what staleness reads."""
     producer: str | None
-    """The rollout worker that reserved its place (its first trajectory's ``metadata``)."""
+    """The rollout worker that reserved its place (its first trajectory's ``producer``)."""
     payload: bytes = field(repr=False)
     """The group's record (``replay/codec.py``), uncompressed."""
 
     @classmethod
     def of(cls, group: Group) -> "GroupRecord":
         """Encode ``group`` (in the producer's process, where it was made)."""
-        producer = group.trajectories[0].metadata.get("producer")
-        return cls(group.group_id, group.min_version(), None if producer is None else str(producer),
+        return cls(group.group_id, group.min_version(), group.trajectories[0].producer,
                    codec.encode_group(group))
 
     @property

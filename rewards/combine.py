@@ -3,7 +3,7 @@
 Each source's values stay in their own slot of ``Turn.rewards`` (outcome, ig, prm, match, env)
 so estimators can normalise them separately; ``combined_turn_reward`` is the weighted sum for
 consumers that want one number. A failed scorer writes ``None`` on the turns it should have
-scored and a flag in ``traj.metadata["reward_errors"]``: never a silent zero. Pure functions on
+scored and a flag in ``traj.reward_errors``: never a silent zero. Pure functions on
 the schema; no torch, Ray or I/O.
 """
 
@@ -30,7 +30,7 @@ class SourceResult:
     error: str | None = None
     """Why the None values are missing, recorded as a flag on the trajectory."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Kept in ``traj.metadata[source + "_detail"]`` (raw judgements, untransformed PRM)."""
+    """Kept in ``traj.reward_details[source]`` (raw judgements, untransformed PRM)."""
 
 
 def failed(turns: range | list[int], error: str) -> SourceResult:
@@ -46,25 +46,24 @@ def write_source(traj: Trajectory, source: str, result: SourceResult) -> int:
             traj.turns[t].reward_versions[source] = result.versions[t]
     missing = sum(v is None for v in result.values.values())
     if missing:
-        flags = traj.metadata.setdefault("reward_errors", [])
         turns = [t for t, v in result.values.items() if v is None]
-        flags.append({"source": source, "turns": turns, "error": result.error or "missing"})
+        traj.reward_errors.append({"source": source, "turns": turns, "error": result.error or "missing"})
     if result.extra:
-        traj.metadata[f"{source}_detail"] = result.extra
+        traj.reward_details[source] = result.extra
     return missing
 
 
 def match_result(traj: Trajectory, cfg: MatchConfig) -> SourceResult:
     """MatchTIR turn rewards: mean over each turn's calls; the answer turn gets answer F1.
 
-    F1 comes from the outcome stage (``metadata["f1"]``); a rollout that gave no answer has
+    F1 comes from the outcome stage (``traj.answer_score``); a rollout that gave no answer has
     no answer turn, so its final turn is matched like the others.
     """
     n = len(traj.turns)
     if traj.gold_tool_calls is None:
         return failed(range(n), "no gold_tool_calls to match against")
     answered = traj.finish_reason == "answer" and traj.answer is not None
-    f1 = float(traj.metadata.get("f1", 0.0)) if answered else None
+    f1 = (traj.answer_score.f1 if traj.answer_score is not None else 0.0) if answered else None
     values = match_turn_rewards(
         [t.tool_calls for t in traj.turns], traj.gold_tool_calls, mode=cfg.mode, answer_f1=f1,
         unmatched_penalty=cfg.unmatched_penalty, no_call_reward=cfg.no_call_reward,

@@ -292,7 +292,7 @@ class RewardsConfig(BaseModel):
         """The sources this run configured for training, with their resolved weights: the
         outcome, every section that is set (ig, match, prm), and every source named in
         ``weights`` (the way to add ``env`` to an estimator that does not read it already).
-        The learner's estimator reads them (stamped as ``metadata["reward_weights"]``)."""
+        The learner's estimator reads them (the learner is built with this config)."""
         named = [s for s in REWARD_SOURCES
                  if s == "outcome" or getattr(self, s, None) is not None or s in self.weights]
         return {s: self.weight(s) for s in named}

@@ -37,7 +37,7 @@ class Judgement:
     """Why ``score`` is None: ``unparseable`` or the backend's exception."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form kept in trajectory metadata (``prm_detail``, ``prejudged``)."""
+        """The JSON form a trajectory keeps (``reward_details["prm"]``, ``live.prejudged``)."""
         return {"score": self.score, "raw": list(self.raw), "error": self.error}
 
     @classmethod

@@ -7,7 +7,7 @@ or text with no call. The environment labels every step (``StepResult.info["labe
 search that retrieved a new supporting document, a call matching the gold trace, a household
 action that shortened the plan, a correct answer), so the labels are the environment's, not
 ours. Episodes are laid out with the rollout's own token path (``rollout.chat``) and stored as
-ordinary trajectories with ``metadata["labels"]``, exactly as ``rollout.episode`` records them.
+ordinary trajectories with ``labels``, exactly as ``rollout.episode`` records them.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ async def play_labelled(
         turn.observation_ids = chat.observation_ids(tokenizer, step.observation.messages, True)
         anchor = step.observation.anchor
     env.close()
-    traj.metadata["labels"] = labels
+    traj.labels = labels
     return traj
 
 
@@ -152,8 +152,8 @@ def labelled_episodes(
 
 
 def turn_labels(traj: Trajectory) -> list[int]:
-    """``metadata["labels"]`` checked against the turns (one label per turn)."""
-    labels = traj.metadata.get("labels")
+    """``traj.labels`` checked against the turns (one label per turn)."""
+    labels = traj.labels
     if not isinstance(labels, list) or len(labels) != len(traj.turns):
         raise ValueError(
             f"trajectory {traj.trajectory_id} has {len(traj.turns)} turns but labels "

@@ -148,7 +148,6 @@ class RewardService:
         for traj in group.trajectories:
             score_cheap(traj, self.cfg)
         model, judged = await asyncio.gather(self._model_scores(group), self._judge_scores(group))
-        weights = self.cfg.trained_weights()
         for i, traj in enumerate(group.trajectories):
             skip = inapplicable_sources(traj, self.cfg)
             for source, res in sorted({**model[i], **judged[i]}.items()):
@@ -157,10 +156,8 @@ class RewardService:
             for source in skip:
                 self._counts["skipped"][source] = self._counts["skipped"].get(source, 0) + 1
             if skip:
-                traj.metadata["skipped_sources"] = sorted(skip)
+                traj.skipped_sources = sorted(skip)
             self._count_versions(traj, model[i].get("ig"))
-            traj.metadata["reward_weights"] = weights
-            traj.metadata["on_missing"] = self.cfg.on_missing
             traj.timings["reward"] = time.perf_counter() - t0
             self._count(traj)
         self._counts["groups"] += 1
@@ -244,7 +241,7 @@ class RewardService:
         """Judge ``turns`` of a session still in progress, as soon as what followed them has
         arrived (the gateway calls this when a session's next request brings the tool result or
         user reply). Returns one ``{"score", "raw", "error"}`` per turn, which the gateway
-        stamps as ``metadata["prejudged"]`` so the session is not judged twice at its close."""
+        keeps in ``traj.live.prejudged`` so the session is not judged twice at its close."""
         self._start()
         cfg = self.cfg.prm
         if not isinstance(cfg, JudgeConfig):
@@ -285,8 +282,8 @@ class RewardService:
         futs: list[asyncio.Future | None] = []
         todo: list[list[int]] = []
         for traj in group.trajectories:
-            pre = traj.metadata.get("prejudged", {})
-            todo.append([t for t in range(len(traj.turns)) if str(t) not in pre])
+            pre = traj.live.prejudged if traj.live is not None else {}
+            todo.append([t for t in range(len(traj.turns)) if t not in pre])
             futs.append(self._queue_judge(traj, todo[-1]) if todo[-1] else None)
         live = [f for f in futs if f is not None]
         if live:
@@ -299,7 +296,8 @@ class RewardService:
     def _judge_result(self, traj: Trajectory, turns: list[int], fut: asyncio.Future | None,
                       cfg: JudgeConfig) -> SourceResult:
         """Every turn's judgement: judged early (``prejudged``) or now (``turns``)."""
-        by_turn = {int(t): Judgement.from_dict(j) for t, j in traj.metadata.get("prejudged", {}).items()}
+        pre = traj.live.prejudged if traj.live is not None else {}
+        by_turn = {t: Judgement.from_dict(j) for t, j in pre.items()}
         if turns:
             by_turn.update(zip(turns, self._judged(fut, len(turns))))
         judgements = [by_turn[t] for t in range(len(traj.turns))]

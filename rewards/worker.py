@@ -11,7 +11,7 @@ from __future__ import annotations
 from rewards.combine import failed, match_result, write_source
 from rewards.config import RewardsConfig
 from rewards.outcome import score_final_text
-from rollout.trajectory import Trajectory
+from rollout.trajectory import AnswerScore, Trajectory
 
 
 def score_outcome(traj: Trajectory, cfg: RewardsConfig) -> None:
@@ -24,7 +24,7 @@ def score_outcome(traj: Trajectory, cfg: RewardsConfig) -> None:
             metric=cfg.outcome.metric, format_penalty=cfg.outcome.format_penalty,
         )
         traj.outcome = score.reward
-        traj.metadata.update(em=score.em, f1=score.f1, well_formed=score.well_formed)
+        traj.answer_score = AnswerScore(em=score.em, f1=score.f1, well_formed=score.well_formed)
     else:  # environments without gold answers define success themselves
         traj.outcome = float(traj.success)
     if traj.turns:
@@ -38,7 +38,7 @@ def inapplicable_sources(traj: Trajectory, cfg: RewardsConfig) -> set[str]:
     """Configured sources that cannot score this trajectory: only live ones lack what a task
     carries (a client that sent no outcome, no gold answer for IG, no gold calls for
     matching). They are skipped and counted, never written as zero or as a failure."""
-    if not traj.metadata.get("live"):
+    if traj.live is None:
         return set()
     skip = set() if traj.outcome is not None else {"outcome"}
     if cfg.ig is not None and not traj.gold_answers:
@@ -51,7 +51,7 @@ def inapplicable_sources(traj: Trajectory, cfg: RewardsConfig) -> set[str]:
 def score_cheap(traj: Trajectory, cfg: RewardsConfig) -> None:
     """Outcome, then (when configured) MatchTIR turn rewards, written into the turns. A live
     trajectory's outcome is the client's (set by its feedback), never re-scored."""
-    if not traj.metadata.get("live"):
+    if traj.live is None:
         score_outcome(traj, cfg)
     if cfg.match is not None and traj.turns and "match" not in inapplicable_sources(traj, cfg):
         try:

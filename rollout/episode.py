@@ -97,7 +97,7 @@ async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor
             rewards={"env": float(step.reward)}, text=text, context_start=start,
         )
         if "label" in step.info:
-            traj.metadata.setdefault("labels", []).append(step.info["label"])
+            traj.labels = [*(traj.labels or []), int(step.info["label"])]
         traj.turns.append(turn)
         if step.done:
             traj.answer = step.answer

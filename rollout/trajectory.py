@@ -14,11 +14,18 @@ With a history window (``rollout.history_turns``) turn ``t`` was sampled from
 records where its context began, and ``segments()`` splits the trajectory into the rows the
 learner trains, each the exact context its turns were sampled from.
 
-JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 2.
-Version 2 added ``Turn.version_spans`` (weights versions within a turn, for in-flight weight
-updates); version 1 files still read, their turns having one version each.
+JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 3.
+Version 3 made typed fields of what components used to keep in ``metadata`` (``producer``,
+``worker``, ``labels``, ``answer_score``, ``reward_details``, ``reward_errors``,
+``skipped_sources``, ``live``); version 2 added ``Turn.version_spans`` (weights versions within a
+turn, for in-flight weight updates). Older files still read: ``upgrade_record`` moves a version
+1-2 record's metadata keys into the typed fields (the replay codec calls it too), and version 1
+turns have one version each.
 Rewards live per turn in ``Turn.rewards`` keyed by source (``outcome``, ``ig``, ``prm``,
 ``match``, ``env``); ``None`` means the source was asked for but failed (masked, never zero).
+
+``metadata`` is free-form data from clients and environments, carried and stored as it is: no
+component reads it or depends on it. Anything code reads is a typed field.
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ from envs.toolcalls import ToolCall
 from rollout.engines.base import expand_spans
 from rollout.token_array import NO_INTS, FloatArray, IntArray
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 REWARD_SOURCES = ("outcome", "ig", "prm", "match", "env")
 FinishReason = Literal["answer", "max_turns", "max_tokens", "error"]
 
@@ -114,6 +121,35 @@ class Segment:
     stop: int
 
 
+class AnswerScore(BaseModel):
+    """How the final answer matched the gold answers (the outcome stage's detail)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    em: float
+    """Exact match (after answer normalisation): 1.0 or 0.0."""
+    f1: float
+    """Token F1 against the best gold answer (MatchTIR's answer-turn reward reads it)."""
+    well_formed: bool
+    """The answer was present and well formed (otherwise the format penalty applied)."""
+
+
+class LiveOrigin(BaseModel):
+    """Where a live trajectory came from: one segment of a gateway session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    """The client's session (conversation) id."""
+    segment: int = Field(0, ge=0)
+    """Index of this segment within the session (a new system prompt starts a new one)."""
+    feedback: bool = False
+    """Client feedback set this segment's outcome (``gateway/feedback.py``)."""
+    prejudged: dict[int, dict[str, Any]] = {}
+    """Turn index -> judgement (``score``, ``raw``, ``error``) the judge gave while the session
+    was still open, so the reward service does not judge those turns again at its close."""
+
+
 class Trajectory(BaseModel):
     """One rollout of one task."""
 
@@ -140,7 +176,33 @@ class Trajectory(BaseModel):
     """Why the episode failed, when the environment or engine raised."""
     timings: dict[str, float] = {}
     """Seconds per stage: generate, env, reward ..."""
+    producer: str | None = None
+    """The rollout producer whose replay reservation this trajectory's group holds (replay
+    gives the reservation back if the producer dies); None: unscheduled (live, offline)."""
+    worker: int | None = None
+    """Index of the rollout worker that played it (None: not played by a rollout worker)."""
+    labels: list[int] | None = None
+    """Per-turn step labels from the environment (``info["label"]``), for PRM training; None:
+    the environment gives none."""
+    answer_score: AnswerScore | None = None
+    """The outcome stage's match of the answer (None: not scored yet)."""
+    reward_details: dict[str, Any] = {}
+    """Source -> what its scorer kept beside the values (raw judgements, untransformed PRM)."""
+    reward_errors: list[dict[str, Any]] = []
+    """One flag per failed source: ``{"source", "turns", "error"}`` (its values are None)."""
+    skipped_sources: list[str] = []
+    """Configured sources that do not apply to this trajectory (a live session without the
+    feedback or gold an outcome needs), so none of its turns carries them."""
+    live: LiveOrigin | None = None
+    """Set on a live session's segment (the gateway recorded it); None: a scheduled rollout."""
     metadata: dict[str, Any] = {}
+    """Free-form data from clients and environments, carried and stored as it is; no
+    component reads it (what code reads is a typed field above)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade_record(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _version(self) -> "Trajectory":
@@ -227,6 +289,31 @@ class Trajectory(BaseModel):
 
     def min_version(self) -> int:
         return min((t.min_version() for t in self.turns), default=0)
+
+
+def upgrade_record(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1-2 record's bookkeeping moved from ``metadata`` into its typed fields (a
+    copy). ``reward_weights`` and ``on_missing``, which the reward service used to
+    stamp, are dropped: the learner takes them from the run config. A current record, or one
+    whose metadata holds none of those keys, is returned as it is."""
+    if data.get("schema_version", SCHEMA_VERSION) >= 3 or not data.get("metadata"):
+        return data
+    data, meta = dict(data), dict(data["metadata"])
+    for key in ("producer", "worker", "labels", "reward_errors", "skipped_sources"):
+        if key in meta:
+            data[key] = meta.pop(key)
+    if {"em", "f1", "well_formed"} <= meta.keys():
+        data["answer_score"] = {k: meta.pop(k) for k in ("em", "f1", "well_formed")}
+    details = {s: meta.pop(f"{s}_detail") for s in REWARD_SOURCES if f"{s}_detail" in meta}
+    if details:
+        data["reward_details"] = details
+    if meta.pop("live", False):
+        data["live"] = {"session_id": meta.pop("session_id", ""), "segment": meta.pop("segment", 0),
+                        "feedback": bool(meta.pop("feedback", False)), "prejudged": meta.pop("prejudged", {})}
+    meta.pop("reward_weights", None)
+    meta.pop("on_missing", None)
+    data["metadata"] = meta
+    return data
 
 
 class Group(BaseModel):

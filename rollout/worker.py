@@ -62,9 +62,9 @@ class RolloutWorker:
         ])
         for traj in trajs:
             traj.success = traj.error is None and self.source.success(task, traj.answer)
-            traj.metadata["worker"] = self.worker_id
-            if getattr(self.ports, "producer", None):  # replay's reservation ledger reads it
-                traj.metadata["producer"] = self.ports.producer
+            traj.worker = self.worker_id
+            # Replay's reservation ledger reads it (None: ports that name no producer).
+            traj.producer = getattr(self.ports, "producer", None) or None
         if count:
             self._count(trajs)
         return Group(group_id=gid, task_id=task.task_id, trajectories=list(trajs))
@@ -159,7 +159,7 @@ class RolloutWorker:
         group = await self.run_group(task, samples, params, count=False)
         per_episode = [
             self.source.episode_metrics(task, t.answer, [c for turn in t.turns for c in turn.tool_calls],
-                                        t.metadata.get("labels", []))
+                                        t.labels or [])
             for t in group.trajectories
         ]
         metrics: dict[str, float] = {}

@@ -58,7 +58,7 @@ def _live_sessions(store: InProcessReplayStore) -> list[str]:
         return []
     claim = store.claim(n, live=(n, n))
     store.ack(claim.claim_id, 1)
-    return [g.trajectories[0].metadata["session_id"] for g in claim.groups]
+    return [g.trajectories[0].live.session_id for g in claim.groups]
 
 
 def test_eviction_submits_a_session_with_feedback_and_counts_one_without(engine) -> None:
@@ -127,7 +127,7 @@ def test_sessions_close_after_feedback_when_idle_and_time_out_without(engine, tm
     ep = stats["episodes"]
     assert (ep["recorded"], ep["dropped_no_feedback"], ep["dropped_run_ended"]) == (1, 1, 1)
     rows = [json.loads(line) for line in record.read_text().splitlines()]
-    assert [(r["trajectory"]["metadata"]["session_id"], r["replay"]) for r in rows] == [
+    assert [(r["trajectory"]["live"]["session_id"], r["replay"]) for r in rows] == [
         ("fb", "accepted"), ("quiet", "dropped_no_feedback"), ("fb", "dropped_run_ended")]
     assert stats["recorder"]["sessions_opened"] == 3 and stats["recorder"]["sessions_closed"] == 3
 
@@ -176,7 +176,7 @@ def test_sources_that_cannot_apply_are_skipped_and_counted(engine, random_policy
         await svc.drain()
         n = store.stats().live_ready
         claim = store.claim(n, live=(n, n))
-        trajs = {g.trajectories[0].metadata["session_id"]: g.trajectories[0] for g in claim.groups}
+        trajs = {g.trajectories[0].live.session_id: g.trajectories[0] for g in claim.groups}
         counts = ports.reward.stats()["skipped"]
         closed = svc.stats()["closed"]
         await ports.close()
@@ -185,8 +185,8 @@ def test_sources_that_cannot_apply_are_skipped_and_counted(engine, random_policy
     trajs, skipped, closed = asyncio.run(go())
     assert (closed["ended"], closed["timed_out"]) == (1, 1)
     assert skipped == {"match": 2, "outcome": 1}
-    assert trajs["fb"].metadata["skipped_sources"] == ["match"]
-    assert trajs["nofb"].metadata["skipped_sources"] == ["match", "outcome"]
+    assert trajs["fb"].skipped_sources == ["match"]
+    assert trajs["nofb"].skipped_sources == ["match", "outcome"]
     assert trajs["fb"].outcome == 1.0 and trajs["nofb"].outcome is None
     for traj in trajs.values():
         assert "match" not in traj.turns[0].rewards

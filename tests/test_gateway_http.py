@@ -119,7 +119,7 @@ def test_feedback_is_validated_against_the_session(served) -> None:
         wrong = http.post(f"{base}/sessions/u-7/feedback", json={"outcome": "great"}, headers=headers)
         assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "outcome"
         traj = served.gateway.service.recorder.segments("u-7")[0].trajectory
-        assert traj.outcome is None and not traj.metadata.get("feedback")  # nothing applied
+        assert traj.outcome is None and not traj.live.feedback  # nothing applied
         ok = http.post(f"{base}/sessions/u-7/feedback", json={"outcome": 0.5, "turn_rewards": [0.25]},
                        headers=headers)
         assert ok.status_code == 200 and ok.json()["turns"] == 1
@@ -240,7 +240,7 @@ def test_hindsight_judge_scores_each_turn_when_its_next_state_arrives(agent_poli
         assert reward.stats()["judge_turns"] == 2 and len(judge.prompts) == 2
         assert "### What followed" not in judge.prompts[1]
         traj = store.claim(1, live=(1, 1)).groups[0].trajectories[0]
-        assert set(traj.metadata["prejudged"]) == {"0"}
+        assert set(traj.live.prejudged) == {0}
         assert traj.turns[0].rewards["prm"] == 1.0  # a well-formed tool call (format judge: 10/10)
         assert traj.turns[1].rewards["prm"] is not None
     finally:

@@ -15,6 +15,7 @@ from gateway.sessions import CAUSES, SessionRecorder, session_id_for
 from gateway.toolcalls import split_action, template_messages
 from gateway_fixtures import CALL_TEXT, TOOLS, Sampled, tiny_tokenizer
 from rollout import chat
+from rollout.trajectory import LiveOrigin
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
@@ -92,7 +93,7 @@ def test_three_requests_with_a_tool_call_stitch_into_one_token_exact_trajectory(
     assert [t.version_spans for t in seg.trajectory.turns] == [[(0, 3), (20, 4)], [], []]
     assert traj.turns[0].tool_calls == r1.calls and traj.turns[1].text == "<answer>Paris</answer>"
     assert sum(traj.loss_mask()) == len(c1.token_ids) + len(c2.token_ids) + len(c3.token_ids)
-    assert traj.task_id == "live:conv-1" and traj.metadata == {"session_id": "conv-1", "segment": 0, "live": True}
+    assert traj.task_id == "live:conv-1" and traj.live == LiveOrigin(session_id="conv-1", segment=0) and traj.metadata == {}
     counters = rec.counters
     assert (counters["stitched"], counters["segments"], counters["requests"]) == (2, 1, 3)
     assert all(counters[c] == 0 for c in CAUSES)
@@ -122,7 +123,7 @@ def test_rewritten_history_starts_a_new_segment_from_a_full_render(tok) -> None:
     rec.record(p, [sampled(tok, ids(tok, "sunny"))], [split_action("sunny", "c", 0)])
     first, second = rec.segments("s")
     assert second.trajectory.prompt_ids == p.prompt_ids and len(first.trajectory.turns) == 1
-    assert second.trajectory.metadata["segment"] == 1 and first.trajectory.group_id != second.trajectory.group_id
+    assert second.trajectory.live.segment == 1 and first.trajectory.group_id != second.trajectory.group_id
     assert causes(rec) == {"history_rewritten": 1}
 
 

@@ -113,9 +113,9 @@ def test_tiny_llm_judge_emits_garbage_missing_and_flagged(episode) -> None:
     group = Group(group_id="g", task_id=traj.task_id, trajectories=[traj.model_copy(deep=True)])
     scored = asyncio.run(service.score_group(group)).trajectories[0]
     assert all(t.rewards["prm"] is None for t in scored.turns)  # missing, never zero
-    [flag] = scored.metadata["reward_errors"]
+    [flag] = scored.reward_errors
     assert flag["source"] == "prm" and flag["turns"] == list(range(len(scored.turns)))
-    assert len(scored.metadata["prm_detail"]["judgements"][0]["raw"]) == 2
+    assert len(scored.reward_details["prm"]["judgements"][0]["raw"]) == 2
     assert service.stats()["missing"] == {"prm": len(scored.turns)}
 
 
@@ -160,8 +160,8 @@ def test_slow_judge_bounded_queue_and_timeout(episode) -> None:
     timed_out, full, depth, waited = asyncio.run(run())
     assert depth["judge_inflight_turns"] == 2 and depth["judge_queue_turns"] == 0
     assert waited < 0.4  # did not wait for the judge (or for the timeout)
-    assert full.trajectories[0].metadata["reward_errors"][0]["error"] == "judge_queue_full"
-    assert timed_out.trajectories[0].metadata["reward_errors"][0]["error"] == "judge_timeout"
+    assert full.trajectories[0].reward_errors[0]["error"] == "judge_queue_full"
+    assert timed_out.trajectories[0].reward_errors[0]["error"] == "judge_timeout"
     assert timed_out.trajectories[0].turns[-1].rewards == {"outcome": 1.0, "prm": None}
     stats = service.stats()
     assert stats["judge_queue_full"] == 1 and stats["judge_timeout"] == 1
@@ -198,8 +198,9 @@ def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) ->
     trajs = scored.trajectories
     assert [[turn.rewards["prm"] for turn in t.turns] for t in trajs] == [[0.1, 0.2], [0.1, 0.2], [0.1]]
     assert [t.outcome for t in trajs] == [1.0, 0.0, 0.0]
-    assert trajs[0].metadata["reward_weights"] == {"outcome": 1.0, "prm": 0.5}
-    learner = SimpleNamespace(cfg=LearnerConfig(estimator=PRMEstimatorConfig()))
+    assert rewards.trained_weights() == {"outcome": 1.0, "prm": 0.5}
+    learner = SimpleNamespace(cfg=LearnerConfig(estimator=PRMEstimatorConfig()),
+                              reward_weights=rewards.trained_weights(), on_missing=rewards.on_missing)
     res, mask = LearnerWorker._advantages(learner, trajs)
     # PRM pool [.1 .2 .1 .2 .1]: mean .14, population std sqrt(.0024) = .0489898, + eps 1e-6
     # -> z -.816480 (.1) and 1.224720 (.2). Outcome pool [1 0 0]: mean 1/3, std sqrt(2/9) =
@@ -210,8 +211,7 @@ def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) ->
     np.testing.assert_allclose(res.advantages, [1.618331, 2.026571, -0.502985, -0.094745, -1.115345],
                                atol=2e-6)
     assert mask.all()
-    # Without the stamp the estimator weighs the PRM 1: the stamp is what was read.
-    for t in trajs:
-        del t.metadata["reward_weights"]
+    # Built without the run's rewards the estimator weighs the PRM 1: the config is what was read.
+    learner.reward_weights = None
     unweighted, _ = LearnerWorker._advantages(learner, trajs)
     assert unweighted.advantages[0] == pytest.approx(-0.816480 + 1.224720 + 1.414211, abs=2e-6)

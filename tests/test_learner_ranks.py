@@ -30,8 +30,7 @@ def _groups() -> list[Group]:
                           observation_ids=torch.randint(5, 200, (6,), generator=gen).tolist() if t < 2 else [],
                           context_start=window_start(t, 1)) for t in range(3)]
             trajs.append(Trajectory(trajectory_id=f"{g}{r}", task_id=f"task{g}", group_id=f"g{g}",
-                                    prompt_ids=[5, 6, 7, 8 + g + r], turns=turns, outcome=float(r),
-                                    metadata={"on_missing": "mask_turn"}))
+                                    prompt_ids=[5, 6, 7, 8 + g + r], turns=turns, outcome=float(r)))
         groups.append(Group(group_id=f"g{g}", task_id=f"task{g}", trajectories=trajs))
     return groups
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from learner.config import LearnerConfig
-from rollout.trajectory import Trajectory, Turn, window_start
+from rollout.trajectory import LiveOrigin, Trajectory, Turn, window_start
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +43,7 @@ def _trajectories(history_turns: int | None) -> list[Trajectory]:
                           observation_ids=torch.randint(5, 200, (6,), generator=gen).tolist() if t < 2 else [],
                           context_start=window_start(t, history_turns)) for t in range(3)]
             trajs.append(Trajectory(trajectory_id=f"{g}{r}", task_id=f"task{g}", group_id=f"g{g}",
-                                    prompt_ids=[5, 6, 7, 8 + g], turns=turns, outcome=float(r),
-                                    metadata={"on_missing": "mask_turn"}))
+                                    prompt_ids=[5, 6, 7, 8 + g], turns=turns, outcome=float(r)))
     return trajs
 
 
@@ -170,7 +169,7 @@ def test_live_sessions_with_higher_reward_gain_probability(tiny_policy, tmp_path
     prompt, good, bad = [5, 6, 7, 8], [40, 41, 42, 43], [90, 91, 92, 93]
     sessions = [Trajectory(trajectory_id=name, task_id="live", group_id=f"live-{name}", prompt_ids=prompt,
                            turns=[Turn(action_ids=action, action_logprobs=[-1.0] * 4, policy_version=0)],
-                           outcome=outcome, metadata={"live": True})
+                           outcome=outcome, live=LiveOrigin(session_id=name))
                 for name, action, outcome in (("good", good, 1.0), ("bad", bad, 0.0))]
     model = worker.engine.module
     before = [_sequence_logprob(model, prompt, a) for a in (good, bad)]
@@ -193,7 +192,7 @@ def test_a_mixed_batch_gives_groups_their_estimator_and_sessions_the_running_bas
     group = _trajectories(None)[:2]
     session = Trajectory(trajectory_id="s", task_id="live", group_id="live-s", prompt_ids=[5, 6, 7],
                          turns=[Turn(action_ids=[40, 41], action_logprobs=[-1.0, -1.0], policy_version=0)],
-                         outcome=1.0, metadata={"live": True})
+                         outcome=1.0, live=LiveOrigin(session_id="s"))
     ordered, res, mask = worker._all_advantages([session, *group])
     assert [t.trajectory_id for t in ordered] == ["00", "01", "s"]
     z = 0.5 / (0.5 ** 0.5 + 1e-6)

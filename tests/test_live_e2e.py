@@ -135,7 +135,7 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     assert sorted(r["trajectory"]["group_id"] for r in recorded) == sorted(trained_ids)
     # the one-request "still there?" sessions never got feedback: closed when the run stopped,
     # kept in the record, counted, not trained
-    assert all(r["replay"] == "dropped_run_ended" and r["trajectory"]["metadata"]["session_id"].startswith("req-")
+    assert all(r["replay"] == "dropped_run_ended" and r["trajectory"]["live"]["session_id"].startswith("req-")
                for r in rows if r not in recorded) and len(rows) == len(recorded) + answered
     for row in recorded:
         traj = row["trajectory"]

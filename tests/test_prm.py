@@ -64,12 +64,12 @@ def test_env_labels_on_real_episodes(tiny_policy) -> None:
     task = source.tasks("train")[0]
     gold = gold_actions(source, task)
     clean = asyncio.run(play_labelled(source, task, tok, gold))
-    assert clean.metadata["labels"] == [1] * len(gold)  # new supporting doc, correct answer
+    assert clean.labels == [1] * len(gold)  # new supporting doc, correct answer
     noisy = asyncio.run(play_labelled(source, task, tok, ["I will look that up.", gold[0], gold[0]]))
-    assert noisy.metadata["labels"] == [0, 1, 0]  # no call; support found; nothing new
+    assert noisy.labels == [0, 1, 0]  # no call; support found; nothing new
     assert noisy.token_ids()[: len(clean.prompt_ids)] == clean.prompt_ids
     episodes = labelled_episodes(source, source.tasks("train")[:20], tok, bad_step_rate=0.5, seed=0)
-    labels = [lab for e in episodes for lab in e.metadata["labels"]]
+    labels = [lab for e in episodes for lab in e.labels]
     assert 0 < sum(labels) < len(labels)  # both labels occur
 
 

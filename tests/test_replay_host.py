@@ -75,7 +75,7 @@ def test_groups_travel_to_and_from_the_replay_actor_as_records(ray_cluster, tmp_
     host = ray.remote(ReplayHost).options(num_cpus=0, max_concurrency=ACTOR_THREADS).remote(
         ReplayConfig(), 2, str(tmp_path), "records")
     groups = [make_group("a", tokens=40), make_group("b", tokens=40)]
-    groups[0].trajectories[0].metadata["producer"] = "rollout-0"
+    groups[0].trajectories[0].producer = "rollout-0"
     assert ray.get(host.reserve.remote(2, "rollout-0")) == 2
     results = asyncio.run(ReplayPut(host)(groups))
     assert [r.status for r in results] == ["accepted", "accepted"]

@@ -115,12 +115,15 @@ def test_outcome_match_ig_each_in_its_own_slot(policy) -> None:
         assert all(t.reward_versions["ig"] == 0 for t in traj.turns[:-1])
         # the sources configured for training (env is always scored, but only trained on
         # where an estimator reads it or rewards.weights names it)
-        assert traj.metadata["reward_weights"] == {"outcome": 1.0, "ig": 0.5, "match": 1.0}
-        assert "reward_errors" not in traj.metadata
+        assert traj.reward_errors == []
+    # the sources configured for training (env is always scored, but only trained on where an
+    # estimator reads it or rewards.weights names it): what the learner is built with
+    assert cfg.trained_weights() == {"outcome": 1.0, "ig": 0.5, "match": 1.0}
+    assert all(t.metadata == {} for t in (good, wrong))  # nothing stamped in the data
     # env stays what the environment said (0 per search, 1 for the correct answer)
     assert [t.rewards["env"] for t in good.turns] == [0.0] * n_gold + [1.0]
     turn0 = wrong.turns[0].rewards  # weighted sum: 1*env (no weight: 1) + 0.5*ig + 1*match
-    assert combined_turn_reward(turn0, wrong.metadata["reward_weights"]) == pytest.approx(
+    assert combined_turn_reward(turn0, cfg.trained_weights()) == pytest.approx(
         turn0["env"] + 0.5 * turn0["ig"] + turn0["match"])
     stats = service.stats()
     assert stats["batches"] == 1 and stats["mean_batch_trajectories"] == 2.0
@@ -171,7 +174,7 @@ def test_scorer_errors_are_missing_and_flagged(policy) -> None:
     asyncio.run(service.score_group(group_of("g", bad, good)))
     assert all(t.rewards["ig"] is None for t in bad.turns[:-1])
     assert all(t.rewards["match"] is None for t in bad.turns)
-    errors = {f["source"]: f["error"] for f in bad.metadata["reward_errors"]}
+    errors = {f["source"]: f["error"] for f in bad.reward_errors}
     assert errors == {"ig": "IG needs gold_answers", "match": "no gold_tool_calls to match against"}
     assert all(isinstance(t.rewards["ig"], float) for t in good.turns[:-1])  # the batch survived
     assert service.stats()["missing"] == {"ig": len(bad.turns) - 1, "match": len(bad.turns)}
@@ -199,8 +202,8 @@ def _hand_traj(tid: str, gid: str, ig: float | None, outcome: float) -> Trajecto
 def test_learner_on_missing_modes(mode, expected_g1, mask_g1) -> None:
     trajs = [_hand_traj("a", "g1", 0.5, 1.0), _hand_traj("b", "g1", None, 0.0),
              _hand_traj("c", "g2", 0.2, 1.0), _hand_traj("d", "g2", 0.4, 0.0)]
-    # The method reads only self.cfg; the learner's DeepSpeed engine is not involved.
-    learner = SimpleNamespace(cfg=LearnerConfig(estimator=IGPOConfig()))
+    # The method reads only self's config; the learner's DeepSpeed engine is not involved.
+    learner = _learner(IGPOConfig())
     res, mask = LearnerWorker._advantages(learner, trajs, mode)
     # Group 2 is complete, identical in every mode: pool {0.2, 1, 0.4, 0}, mean 0.4,
     # std sqrt(0.14) = 0.374166 -> z = [-0.534522, 1.603567, 0, -1.069045];
@@ -210,11 +213,17 @@ def test_learner_on_missing_modes(mode, expected_g1, mask_g1) -> None:
     assert mask.astype(int).tolist() == mask_g1 + [1, 1, 1, 1]
 
 
-def test_learner_on_missing_defaults_to_the_reward_service_stamp() -> None:
+def _learner(estimator, rewards: RewardsConfig | None = None) -> SimpleNamespace:
+    """What ``LearnerWorker._advantages`` reads of the learner, set as its constructor sets it
+    from the run's ``rewards`` (None: the estimator's own sources, mask_turn)."""
+    return SimpleNamespace(cfg=LearnerConfig(estimator=estimator),
+                           reward_weights=rewards.trained_weights() if rewards else None,
+                           on_missing=rewards.on_missing if rewards else "mask_turn")
+
+
+def test_learner_on_missing_defaults_to_the_run_config() -> None:
     trajs = [_hand_traj("a", "g1", 0.5, 1.0), _hand_traj("b", "g1", None, 0.0)]
-    for t in trajs:
-        t.metadata["on_missing"] = "skip_group"
-    learner = SimpleNamespace(cfg=LearnerConfig(estimator=IGPOConfig()))
+    learner = _learner(IGPOConfig(), RewardsConfig(on_missing="skip_group"))
     _, mask = LearnerWorker._advantages(learner, trajs)
     assert not mask.any()
     with pytest.raises(ValueError, match="mask_turn, skip_group, zero"):
@@ -234,7 +243,7 @@ def test_learner_drops_turns_the_estimator_drops() -> None:
                           outcome=outcome)
 
     trajs = [traj("a", 1.0, 1.0), traj("b", None, 0.0), traj("c", 0.5, 0.0)]
-    learner = SimpleNamespace(cfg=LearnerConfig(estimator=MatchTIRConfig()))
+    learner = _learner(MatchTIRConfig())
     res, mask = LearnerWorker._advantages(learner, trajs, "mask_turn")
     assert mask.astype(int).tolist() == [1, 1, 0, 0, 1, 1]  # b's answer turn leaves the loss too
     assert res.advantages[2:4].tolist() == [0.0, 0.0]
@@ -248,7 +257,7 @@ def test_learner_trains_a_batch_whose_rollouts_all_answered_in_their_first_turn(
                         turns=[Turn(action_ids=[1], action_logprobs=[0.0], policy_version=0)])
              for tid, outcome in (("a", 1.0), ("b", 0.0))]
     for estimator in (IGPOConfig(), A2TGPOConfig()):
-        learner = SimpleNamespace(cfg=LearnerConfig(estimator=estimator))
+        learner = _learner(estimator)
         res, mask = LearnerWorker._advantages(learner, trajs, "mask_turn")
         # One pool {1, 0}: mean 0.5, population std 0.5 -> z = +-1, the final turns' advantages.
         np.testing.assert_allclose(res.advantages, [1.0, -1.0], atol=1e-5)
@@ -295,7 +304,7 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
         [raw] = prm.score([prm_input(sent)], 16384)
         assert [t.rewards["prm"] for t in traj.turns] == pytest.approx(
             [min(p - 0.5, 0.0) for p in raw], abs=1e-5)
-        assert traj.metadata["prm_detail"]["raw"] == pytest.approx(raw, abs=1e-5)
+        assert traj.reward_details["prm"]["raw"] == pytest.approx(raw, abs=1e-5)
         assert traj.turns[-1].rewards["outcome"] == 1.0 and traj.turns[-1].rewards["match"] == 1.0
     assert stats["put"] == {"accepted": 3} and stats["ig_version_mismatch"] == 0
     assert stats["missing"] == {} and stats["queue_groups"] == 0 and stats["batches"] <= 3

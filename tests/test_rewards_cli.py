@@ -71,7 +71,7 @@ def test_score_round_trip(logged, tiny_run_config, tmp_path, capsys) -> None:
         first = [0.0] if k % 2 else [1.0]
         assert [t.rewards["match"] for t in after.turns] == first + [1.0] * (n - 1)
         assert [t.rewards["prm"] for t in after.turns] == [1.0] * n  # all well formed
-        assert len(after.metadata["prm_detail"]["judgements"]) == n
+        assert len(after.reward_details["prm"]["judgements"]) == n
     # scoring the scored file again gives the same numbers (idempotent)
     again = tmp_path / "again.jsonl"
     assert main(["rewards", "score", str(tmp_path / "c.yaml"), "--input", str(out),

@@ -157,7 +157,7 @@ def test_replay_gives_back_a_dead_producers_reservations(tmp_path) -> None:
     def group(gid: str, producer: str) -> Group:
         traj = Trajectory(trajectory_id=gid, task_id="t", group_id=gid, prompt_ids=[1],
                           turns=[Turn(action_ids=[2], action_logprobs=[-1.0], policy_version=0)],
-                          outcome=1.0, metadata={"producer": producer})
+                          outcome=1.0, producer=producer)
         return Group(group_id=gid, task_id="t", trajectories=[traj])
 
     assert host.reserve(3, "a") == 3 and host.reserve(2, "b") == 2

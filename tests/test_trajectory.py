@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envs.toolcalls import ToolCall
-from rollout.trajectory import Group, Trajectory, Turn, read_jsonl, write_jsonl
+from rollout.trajectory import AnswerScore, Group, LiveOrigin, Trajectory, Turn, read_jsonl, write_jsonl
 
 
 def make_traj() -> Trajectory:
@@ -76,8 +76,8 @@ def test_misaligned_logprobs_rejected() -> None:
 
 
 def test_unknown_schema_version_rejected() -> None:
-    with pytest.raises(ValueError, match="schema_version 3 is not supported"):
-        Trajectory(schema_version=3, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
+    with pytest.raises(ValueError, match="schema_version 4 is not supported"):
+        Trajectory(schema_version=4, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
 
 
 def windowed_traj(history_turns: int | None) -> Trajectory:
@@ -152,3 +152,47 @@ def test_a_schema_1_file_still_reads_and_travels(tmp_path) -> None:
     # Written back, it is still the same rollout (now with the default empty spans).
     assert write_jsonl(tmp_path / "again.jsonl", [a]) == 1
     assert list(read_jsonl(tmp_path / "again.jsonl")) == [a]
+
+
+SCHEMA2 = Path(__file__).parent / "fixtures" / "trajectories" / "schema2.jsonl"
+TYPED_IN_3 = ("producer", "worker", "labels", "answer_score", "reward_details", "reward_errors",
+              "skipped_sources", "live")
+
+
+def test_a_schema_2_file_reads_its_bookkeeping_into_typed_fields(tmp_path) -> None:
+    """Version 2 kept components' bookkeeping in ``metadata`` (the fixture: a scheduled rollout
+    and a live segment as version 2 wrote them). Read, it lands in the typed fields; the
+    reward config the reward service used to stamp is dropped; a client's own key stays."""
+    a, b = read_jsonl(SCHEMA2)
+    assert (a.schema_version, a.producer, a.worker, a.labels) == (2, "rollout-1", 1, [1, 0])
+    assert a.answer_score == AnswerScore(em=1.0, f1=1.0, well_formed=True)
+    assert a.reward_errors == [{"source": "prm", "turns": [0], "error": "judge_timeout"}]
+    assert a.reward_details == {"prm": {"judgements": [{"score": None, "raw": [], "error": "judge_timeout"}]}}
+    assert a.metadata == {"client_tag": "kept"} and a.live is None
+    assert b.live == LiveOrigin(session_id="conv", segment=1, feedback=True,
+                                prejudged={0: {"score": 0.25, "raw": ["0.25"], "error": None}})
+    assert (b.skipped_sources, b.metadata, b.producer, b.answer_score) == (["match"], {}, None, None)
+    # Written back and read again: the same rollouts.
+    assert write_jsonl(tmp_path / "again.jsonl", [a, b]) == 2
+    assert list(read_jsonl(tmp_path / "again.jsonl")) == [a, b]
+
+
+def test_a_schema_2_replay_record_reads_as_its_file_does() -> None:
+    """Replay records of version-2 groups (the JSON record of before, and a format-2 binary
+    record, which the codec builds without validation) upgrade as the file does."""
+    from replay import codec
+    from replay.codec import decode_group
+
+    group = Group(group_id="g", task_id="task", trajectories=list(read_jsonl(SCHEMA2)))
+    raw = [json.loads(line) for line in SCHEMA2.read_text().splitlines()]
+    as_json = json.dumps({"group_id": "g", "task_id": "task", "trajectories": raw}).encode()
+    assert decode_group(as_json) == group
+    columns = codec._Columns()
+    tree = codec._tree(group, columns)
+    for traj, old in zip(tree["trajectories"], raw):  # the tree a version-2 writer made
+        for name in TYPED_IN_3:
+            del traj[name]
+        traj["metadata"] = old["metadata"]
+    back = decode_group(codec._assemble(tree, columns))
+    assert back == group and back.trajectories[1].live.prejudged == {0: {"score": 0.25, "raw": ["0.25"],
+                                                                         "error": None}}

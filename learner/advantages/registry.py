@@ -99,7 +99,7 @@ def compute_advantages(batch: TurnBatch, cfg: EstimatorConfig,
     """Run the estimator named by ``cfg.type`` on ``batch``.
 
     ``weights`` are the run's reward sources and their weights (``RewardsConfig.
-    trained_weights()``, stamped on trajectories as ``metadata["reward_weights"]``): the
+    trained_weights()``, which the learner is built with): the
     estimator weighs its sources by them and, if it uses turn rewards, adds the configured
     turn sources beyond its own (``sources.py``). None: its own sources at weight 1.
 
