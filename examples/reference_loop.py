@@ -61,7 +61,7 @@ async def train(cfg: RunConfig, steps: int, run_dir: str) -> SimpleNamespace:
     rewards = local_reward_service(replay, cfg.rewards)  # a RewardService that puts into replay
     ports = LocalLearnerPorts(replay)  # the learner claims/acks here; published weights land here
     learner = LearnerWorker(cfg.learner, policy, run_dir, ports, group_size=cfg.rollout.group_size,
-                            temperature=cfg.rollout.temperature)
+                            temperature=cfg.rollout.temperature, rewards=cfg.rewards)
     rng, tasks, history = random.Random(cfg.train.seed), source.tasks("train"), []
     for step in range(steps):
         # 1. Admission: a group may start only while it cannot end up more than replay.eta
