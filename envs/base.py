@@ -70,7 +70,9 @@ _PUNCT_TABLE = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(text: str) -> str:
-    """SQuAD-style normalisation: lowercase, drop punctuation and articles, squeeze spaces."""
+    """SQuAD-style normalisation: lowercase, drop punctuation and articles, squeeze spaces.
+    The one answer rule: environments' success and the outcome reward (``rewards/outcome.py``)
+    both match through it. Punctuation goes before articles, so "the," still loses its article."""
     text = text.lower().translate(_PUNCT_TABLE)
     return " ".join(_ARTICLES_RE.sub(" ", text).split())
 

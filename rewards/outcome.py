@@ -1,22 +1,20 @@
-"""Outcome reward: answer normalisation, exact match, token F1 and the format penalty.
+"""Outcome reward: exact match, token F1 and the format penalty.
 
 Owns the final-turn score every method shares (docs/rewards.md). Pure
-functions on strings; no torch, Ray or I/O. Normalisation follows the SQuAD evaluation script:
-lowercase, drop punctuation, drop the articles a/an/the, collapse whitespace.
+functions on strings; no torch, Ray or I/O. Answer normalisation and exact match are the
+environments' rule (``envs.base.normalize_answer``, ``exact_match``: SQuAD's, lowercase, drop
+punctuation, drop the articles a/an/the, collapse whitespace), so a rollout's reward and its
+environment's success verdict can never disagree on what matches.
 """
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
+from envs.base import exact_match, normalize_answer
 from envs.toolcalls import parse_action
-
-_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
-_PUNCT = frozenset(string.punctuation)
 
 
 @dataclass
@@ -31,20 +29,6 @@ class OutcomeScore:
     """Bag-of-words token F1, max over gold aliases (0 when malformed)."""
     well_formed: bool
     """An answer was present and the tags were balanced."""
-
-
-def normalize_answer(text: str) -> str:
-    """Lowercase, strip punctuation and articles, collapse whitespace (SQuAD order)."""
-    text = text.lower()
-    # Punctuation is removed before articles so "the," still loses its article.
-    text = "".join(ch for ch in text if ch not in _PUNCT)
-    text = _ARTICLES_RE.sub(" ", text)
-    return " ".join(text.split())
-
-
-def exact_match(prediction: str, gold: str) -> float:
-    """1.0 when the normalised strings are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
 def token_f1(prediction: str, gold: str) -> float:
@@ -78,7 +62,8 @@ def outcome_reward(
 
     ``answer`` is the text inside the final turn's ``<answer>`` (None when there was none);
     ``balanced`` is whether that turn's tags paired up. A missing answer or unbalanced tags
-    score ``format_penalty`` with em = f1 = 0. Otherwise EM and F1 are each the max over aliases
+    score ``format_penalty`` with em = f1 = 0. Otherwise EM (1.0 when the answer matches an
+    alias, ``envs.base.exact_match``) and F1 are each the max over aliases
     (taken independently, as the reference scripts do) and ``reward`` is the one ``metric`` names.
     """
     if not gold_answers:
@@ -90,7 +75,7 @@ def outcome_reward(
         raise ValueError(f"metric must be 'em' or 'f1', got {metric!r}")
     if answer is None or not balanced:
         return OutcomeScore(reward=float(format_penalty), em=0.0, f1=0.0, well_formed=False)
-    em = max(exact_match(answer, g) for g in gold_answers)
+    em = float(exact_match(answer, gold_answers))
     f1 = max(token_f1(answer, g) for g in gold_answers)
     return OutcomeScore(reward=em if metric == "em" else f1, em=em, f1=f1, well_formed=True)
 

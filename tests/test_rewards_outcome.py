@@ -8,9 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from rewards.config import REWARD_SOURCES, IGConfig, OutcomeConfig, RewardsConfig
+from envs.base import exact_match, normalize_answer
 from rewards.outcome import (
-    exact_match,
-    normalize_answer,
     outcome_reward,
     score_final_text,
     token_f1,
@@ -34,8 +33,9 @@ def test_normalize_answer(raw: str, expected: str) -> None:
 
 
 def test_exact_match_ignores_case_articles_punctuation() -> None:
-    assert exact_match("the Paris.", "paris") == 1.0
-    assert exact_match("Paris France", "paris") == 0.0
+    assert exact_match("the Paris.", ["paris"]) is True
+    assert exact_match("Paris France", ["london", "paris"]) is False
+    assert exact_match(None, ["paris"]) is False and exact_match("paris", []) is False
 
 
 def test_token_f1_hand_derived() -> None:
