@@ -1,4 +1,4 @@
-"""No live session is lost (issue 41, items 4 and 6): every way a session closes -- ``/end``
+"""No live session is lost, and none is dropped uncounted: every way a session closes -- ``/end``
 after feedback, idle after feedback (``close_after_feedback_s``), the feedback timeout, eviction
 by ``max_sessions``, the run stopping -- submits, scores or drops its segments and counts them
 by cause. The real ``LiveService`` over a real HF engine (a random tiny model: the tokens do

@@ -150,7 +150,8 @@ def _one_session(url: str, sid: str) -> httpx.Response:
 
 @pytest.mark.parametrize("when_full", ["shed", "reject"])
 def test_a_full_live_budget_sheds_recordings_or_answers_429(agent_policy, when_full) -> None:
-    # Real reward service and in-process replay with room for one live group (issue 16, item 6).
+    # Serving never blocks on a full replay: a real reward service and in-process replay with
+    # room for one live group.
     from cluster.live import LocalLivePorts, local_reward_service
     from replay.config import ReplayConfig
     from replay.memory import InProcessReplayStore
@@ -197,7 +198,7 @@ class RecordingJudge:
 
 
 def test_hindsight_judge_scores_each_turn_when_its_next_state_arrives(agent_policy) -> None:
-    # Issue 16 item 4: with rewards.prm a hindsight judge, turn t of a live session is judged
+    # With rewards.prm a hindsight judge, turn t of a live session is judged
     # when the request carrying its tool result arrives (not at the session's close), from a
     # prompt that shows that result; at the close only the last turn is left to judge.
     import time
@@ -248,7 +249,7 @@ def test_hindsight_judge_scores_each_turn_when_its_next_state_arrives(agent_poli
 
 
 def test_an_unknown_model_is_a_404_and_a_seed_samples_the_same_reply_again(random_policy) -> None:
-    # Issue 41 item 5: nothing accepted is ignored. ``model`` must be the served one (OpenAI's
+    # Nothing accepted is ignored. ``model`` must be the served one (OpenAI's
     # 404 model_not_found otherwise, which the SDK raises as NotFoundError); ``seed`` makes
     # the sample repeat, streamed or not, and another seed samples another reply.
     served = Served(LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=16), random_policy)

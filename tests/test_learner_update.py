@@ -111,7 +111,8 @@ def _worker(policy: str, tmp_path, **learner):
 
 
 def test_second_mini_batch_sees_a_moved_policy_and_clips(tiny_policy, tmp_path) -> None:
-    # Issue 21 item 10. 4 rows (no window) in 2 mini-batches of 2 rows: two optimizer steps
+    # The PPO clip engages once a batch takes several optimizer steps.
+    # 4 rows (no window) in 2 mini-batches of 2 rows: two optimizer steps
     # against old log-probs computed once before the first. Step 1 runs on the weights that
     # computed them, so its ratio is 1 on every token (min = max = 1, nothing clipped); step 2
     # runs after an Adam step of lr 5e-2, so its ratios differ from 1, and with clip epsilons
@@ -159,7 +160,7 @@ def _sequence_logprob(model, prompt: list[int], action: list[int]) -> float:
 
 
 def test_live_sessions_with_higher_reward_gain_probability(tiny_policy, tmp_path) -> None:
-    # Issue 16 item 5. Two live sessions (groups of one, as the gateway records them) with
+    # Live episodes train. Two live sessions (groups of one, as the gateway records them) with
     # the same prompt and different answers; the client rated one 1.0 and the other 0.0. A
     # group baseline would give both advantage 0; the running baseline (here, before any
     # history, the other session's outcome) gives +1 and -1, and one DeepSpeed update moves

@@ -1,4 +1,4 @@
-"""A real run serving live traffic (issue 16, item 7): the official ``openai`` SDK drives a
+"""A real run serving live traffic, end to end: the official ``openai`` SDK drives a
 multi-turn tool-calling agent against the run's endpoint (real HTTP, real Ray, engine actor,
 reward actor, replay, DeepSpeed learner on the tiny policy); feedback is posted; the run's own
 records must show those sessions recorded token-exactly, scored, and trained on, while the
@@ -195,8 +195,8 @@ def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_conf
 
 def test_mixed_training_goes_on_with_rollout_groups_while_no_traffic_comes(tiny_run_config, agent_policy,
                                                                           ray_cluster, tmp_path) -> None:
-    # Issue 41 item 6: train.source: mixed and nobody calls the endpoint. By default
-    # (learner.live_shortfall: train_rollouts) each step trains its rollout share (1 group of
+    # Live training never dies for want of traffic: train.source: mixed and nobody calls the
+    # endpoint. By default (learner.live_shortfall: train_rollouts) each step trains its rollout share (1 group of
     # 2 rollouts) and says the live share was missing; the run ends normally, well inside a
     # claim timeout it used to die of.
     from cluster.driver import train
