@@ -1,4 +1,4 @@
-"""Every benchmark command the README lists runs: the quick ones end to end in a subprocess,
+"""Every benchmark command docs/running.md lists runs: the quick ones end to end in a subprocess,
 the ones that train (minutes) up to their configs and task splits, where
 ``bench/pipeline.py --quick`` used to fail ("300 held-out tasks requested but the world has
 only 225 1-hop questions")."""
