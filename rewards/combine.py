@@ -38,6 +38,18 @@ def failed(turns: range | list[int], error: str) -> SourceResult:
     return SourceResult(values={t: None for t in turns}, error=error)
 
 
+def ig_gold(traj: Trajectory) -> str | None:
+    """The gold answer IG scores ``traj`` against (its first alias); None: it has none, so IG
+    cannot score it (a scheduled rollout's IG is then ``ig_without_gold``; a live session's
+    is skipped, ``rewards.worker.inapplicable_sources``)."""
+    return traj.gold_answers[0] if traj.gold_answers else None
+
+
+def ig_without_gold(traj: Trajectory) -> SourceResult:
+    """IG of a trajectory without a gold answer: every boundary (turns 0..T-2) missing, flagged."""
+    return failed(range(len(traj.turns) - 1), "IG needs gold_answers")
+
+
 def write_source(traj: Trajectory, source: str, result: SourceResult) -> int:
     """Write ``result`` into the turns; returns how many values are missing (None)."""
     for t, value in result.values.items():

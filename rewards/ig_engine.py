@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-from rewards.combine import SourceResult, failed
+from rewards.combine import SourceResult, failed, ig_gold, ig_without_gold
 from rewards.config import IGConfig
 from rewards.ig import IGResult
 from rewards.ig_scorer import IGRows, _Row
@@ -75,9 +75,9 @@ class EngineScorerPort:
     async def score(self, trajs: list[Trajectory]) -> list[dict[str, SourceResult]]:
         async def ig() -> list[dict[str, SourceResult]]:
             out: list[dict[str, SourceResult]] = [{} for _ in trajs]
-            ok = [i for i, t in enumerate(trajs) if t.gold_answers]
+            ok = [i for i, t in enumerate(trajs) if ig_gold(t) is not None]
             for i in set(range(len(trajs))) - set(ok):
-                out[i]["ig"] = failed(range(len(trajs[i].turns) - 1), "IG needs gold_answers")
+                out[i]["ig"] = ig_without_gold(trajs[i])
             try:
                 results = await self.scorer.score([trajs[i] for i in ok])
             except Exception as exc:  # noqa: BLE001 - an engine failure leaves IG missing, flagged

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from rewards.combine import ig_gold
 from rewards.config import IGConfig
 from rewards.ig import AnswerTemplate, IGResult, build_template, information_gain
 from rollout.trajectory import Trajectory
@@ -121,12 +122,13 @@ class IGRows:
         return self._templates[gold]
 
     def _gold(self, traj: Trajectory) -> str:
-        if not traj.gold_answers:
+        gold = ig_gold(traj)
+        if gold is None:  # the reward service flags these before they reach a scorer
             raise ValueError(
                 f"trajectory {traj.trajectory_id} has no gold_answers; IG needs the task's "
                 "gold answer (its first alias)"
             )
-        return traj.gold_answers[0]
+        return gold
 
     def rows(self, trajectories: Sequence[Trajectory]) -> list[_Row]:
         """One row per boundary of every trajectory (validates all before any compute)."""

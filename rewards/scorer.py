@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from rewards.combine import SourceResult, failed, process_result
+from rewards.combine import SourceResult, failed, ig_gold, ig_without_gold, process_result
 from rewards.config import PRMConfig, RewardsConfig
 from rollout.trajectory import Trajectory
 
@@ -160,8 +160,8 @@ class ModelScorer:
         out: dict[int, SourceResult] = {}
         by_version: dict[int, list[int]] = {}
         for i, traj in enumerate(trajs):
-            if not traj.gold_answers:
-                out[i] = failed(range(len(traj.turns) - 1), "IG needs gold_answers")
+            if ig_gold(traj) is None:
+                out[i] = ig_without_gold(traj)
                 continue
             want = _behaviour_version(traj)
             by_version.setdefault(want if want in self._held else newest, []).append(i)

@@ -8,7 +8,7 @@ turn's match reward is the answer F1 the outcome stage computes.
 
 from __future__ import annotations
 
-from rewards.combine import failed, match_result, write_source
+from rewards.combine import failed, ig_gold, match_result, write_source
 from rewards.config import RewardsConfig
 from rewards.outcome import score_final_text
 from rollout.trajectory import AnswerScore, Trajectory
@@ -41,7 +41,7 @@ def inapplicable_sources(traj: Trajectory, cfg: RewardsConfig) -> set[str]:
     if traj.live is None:
         return set()
     skip = set() if traj.outcome is not None else {"outcome"}
-    if cfg.ig is not None and not traj.gold_answers:
+    if cfg.ig is not None and ig_gold(traj) is None:
         skip.add("ig")
     if cfg.match is not None and not traj.gold_tool_calls:
         skip.add("match")
