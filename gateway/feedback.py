@@ -105,17 +105,14 @@ def apply_feedback(recorder: SessionRecorder, session_id: str, body: Any) -> Fee
     rewards, index = feedback.rewards_by_turn(), 0
     for seg in session.segments:
         traj = seg.trajectory
-        traj.outcome = feedback.outcome
         traj.gold_answers = feedback.gold_answers
         traj.gold_tool_calls = gold_calls
         for turn in traj.turns:
             turn.rewards.pop(FEEDBACK_SOURCE, None)
-            turn.rewards.pop("outcome", None)
             if index in rewards:
                 turn.rewards[FEEDBACK_SOURCE] = rewards[index]
             index += 1
-        if traj.turns:
-            traj.turns[-1].rewards["outcome"] = feedback.outcome
+        traj.set_outcome(feedback.outcome)
         if traj.live is not None:
             traj.live.feedback = True
     return feedback

@@ -15,23 +15,21 @@ from rollout.trajectory import AnswerScore, Trajectory
 
 
 def score_outcome(traj: Trajectory, cfg: RewardsConfig) -> None:
-    """Set ``traj.outcome`` and the final turn's ``outcome`` slot in place."""
+    """Set ``traj.outcome`` and the final turn's ``outcome`` slot in place (``set_outcome``)."""
     if traj.error is not None or not traj.turns:
-        traj.outcome = None
+        traj.set_outcome(None)
     elif traj.gold_answers:
         score = score_final_text(
             traj.turns[-1].text, traj.gold_answers,
             metric=cfg.outcome.metric, format_penalty=cfg.outcome.format_penalty,
         )
-        traj.outcome = score.reward
+        traj.set_outcome(score.reward)
         traj.answer_score = AnswerScore(em=score.em, f1=score.f1, well_formed=score.well_formed)
     else:  # environments without gold answers define success themselves
-        traj.outcome = float(traj.success)
-    if traj.turns:
-        traj.turns[-1].rewards["outcome"] = traj.outcome
-        if traj.outcome is None:
-            write_source(traj, "outcome", failed([len(traj.turns) - 1],
-                                                 f"episode error: {(traj.error or '')[:200]}"))
+        traj.set_outcome(float(traj.success))
+    if traj.turns and traj.outcome is None:
+        write_source(traj, "outcome", failed([len(traj.turns) - 1],
+                                             f"episode error: {(traj.error or '')[:200]}"))
 
 
 def inapplicable_sources(traj: Trajectory, cfg: RewardsConfig) -> set[str]:

@@ -221,6 +221,16 @@ class Trajectory(BaseModel):
             prev = turn.context_start
         return self
 
+    def set_outcome(self, value: float | None) -> None:
+        """The outcome reward, in its two places at once: ``outcome`` and the final turn's
+        ``outcome`` slot, the only turn that carries one (the reward stage scores it; a live
+        client's feedback gives it). None: asked for but missing (masked, never zero)."""
+        self.outcome = value
+        for turn in self.turns[:-1]:
+            turn.rewards.pop("outcome", None)
+        if self.turns:
+            self.turns[-1].rewards["outcome"] = value
+
     # -- token views ---------------------------------------------------------------------
     def token_ids(self) -> list[int]:
         ids = list(self.prompt_ids)

@@ -196,3 +196,16 @@ def test_a_schema_2_replay_record_reads_as_its_file_does() -> None:
     back = decode_group(codec._assemble(tree, columns))
     assert back == group and back.trajectories[1].live.prejudged == {0: {"score": 0.25, "raw": ["0.25"],
                                                                          "error": None}}
+
+
+def test_the_outcome_is_set_in_both_its_places() -> None:
+    traj = make_traj()
+    traj.turns[0].rewards["outcome"] = 0.5  # a stale slot on an earlier turn
+    traj.set_outcome(1.0)
+    assert traj.outcome == 1.0 and traj.turns[-1].rewards["outcome"] == 1.0
+    assert all("outcome" not in t.rewards for t in traj.turns[:-1])
+    traj.set_outcome(None)  # missing: None in both, never 0
+    assert traj.outcome is None and traj.turns[-1].rewards["outcome"] is None
+    empty = Trajectory(trajectory_id="e", task_id="t", group_id="g", prompt_ids=[1])
+    empty.set_outcome(0.0)
+    assert empty.outcome == 0.0 and empty.turns == []
