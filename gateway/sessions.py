@@ -138,15 +138,8 @@ class Session:
 
 
 def _turn_from_completion(comp: SampledCompletion, reply: AssistantReply) -> Turn:
-    """The one place a completion becomes a Turn. ``policy_version`` is the version that
-    sampled the first token; ``version_spans`` say where later versions took over (an
-    in-flight weight update)."""
-    spans = [tuple(s) for s in comp.version_spans]
-    return Turn(
-        action_ids=list(comp.token_ids), action_logprobs=list(comp.logprobs),
-        policy_version=spans[0][1], version_spans=spans if len(spans) > 1 else [],
-        tool_calls=list(reply.calls), invalid_action=bool(reply.errors), text=reply.text,
-    )
+    """A live completion as a Turn (``Turn.sampled``), with the reply's calls and text."""
+    return Turn.sampled(comp, tool_calls=list(reply.calls), invalid_action=bool(reply.errors), text=reply.text)
 
 
 class SessionRecorder:

@@ -90,10 +90,8 @@ async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor
         step = await env.step(text)
         timings["generate"] += t1 - t0
         timings["env"] += time.perf_counter() - t1
-        turn = Turn(
-            action_ids=comp.token_ids, action_logprobs=comp.logprobs, policy_version=comp.version,
-            version_spans=comp.version_spans if len(comp.version_spans) > 1 else [],
-            anchor_observation=anchor, tool_calls=step.tool_calls, invalid_action=step.invalid_action,
+        turn = Turn.sampled(
+            comp, anchor_observation=anchor, tool_calls=step.tool_calls, invalid_action=step.invalid_action,
             rewards={"env": float(step.reward)}, text=text, context_start=start,
         )
         if "label" in step.info:

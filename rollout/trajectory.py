@@ -38,7 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs.toolcalls import ToolCall
-from rollout.engines.base import expand_spans
+from rollout.engines.base import Completion, expand_spans
 from rollout.token_array import NO_INTS, FloatArray, IntArray
 
 SCHEMA_VERSION = 3
@@ -94,6 +94,16 @@ class Turn(BaseModel):
                 f"version_spans {spans} must start with (0, policy_version={self.policy_version}) "
                 f"and have increasing token indices below the turn's {len(self.action_ids)} tokens")
         return self
+
+    @classmethod
+    def sampled(cls, comp: Completion, **fields: Any) -> "Turn":
+        """The one place an engine completion becomes a Turn (rollout episodes and live
+        sessions alike): its tokens, their behaviour log-probs, and ``policy_version`` the
+        version that sampled the first token, with ``version_spans`` only where later versions
+        took over (an in-flight weight update). ``fields``: the rest (text, tool calls ...)."""
+        spans = [tuple(s) for s in comp.version_spans]
+        return cls(action_ids=comp.token_ids, action_logprobs=comp.logprobs, policy_version=spans[0][1],
+                   version_spans=spans if len(spans) > 1 else [], **fields)
 
     def versions(self) -> list[int]:
         """The weights version of each action token."""
