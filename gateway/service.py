@@ -35,7 +35,7 @@ from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, Mod
 from gateway.responses import ChoiceStream, chat_completion
 from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
 from gateway.toolcalls import template_messages
-from rollout.engines.base import Completion, SamplingParams, add_span
+from rollout.engines.base import Completion, SamplingParams
 from rollout.engines.client import EngineClient
 from rollout.trajectory import Group, Trajectory
 
@@ -142,7 +142,7 @@ class LiveService:
         tok, n = self.engine.tokenizer, call.params.n
         outs = [ChoiceStream(tok, call.completion_id, i, bool(call.prepared.tools), call.req.logprobs)
                 for i in range(n)]
-        comps = [Completion(f"{call.completion_id}-{i}", [], [], "length", []) for i in range(n)]
+        comps = [Completion.empty(f"{call.completion_id}-{i}") for i in range(n)]
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int) -> None:
@@ -160,15 +160,9 @@ class LiveService:
                 i, chunk = await queue.get()
                 if isinstance(chunk, BaseException):
                     raise chunk
-                for tid in chunk.token_ids:
-                    add_span(comps[i].version_spans, len(comps[i].token_ids), chunk.version)
-                    comps[i].token_ids.append(tid)
-                comps[i].logprobs += chunk.logprobs
+                comps[i].take(chunk)
                 choices = outs[i].push(chunk.token_ids, chunk.logprobs) if chunk.token_ids else []
                 if chunk.finish_reason is not None:
-                    comps[i].finish_reason = chunk.finish_reason
-                    if not comps[i].version_spans:
-                        comps[i].version_spans.append((0, chunk.version))
                     closing, _ = outs[i].finish(chunk.finish_reason)
                     choices += closing
                     finished += 1

@@ -209,3 +209,24 @@ def test_the_outcome_is_set_in_both_its_places() -> None:
     empty = Trajectory(trajectory_id="e", task_id="t", group_id="g", prompt_ids=[1])
     empty.set_outcome(0.0)
     assert empty.outcome == 0.0 and empty.turns == []
+
+
+def test_streamed_chunks_gather_into_a_completion_and_a_turn() -> None:
+    """Chunks -> Completion (``Completion.take``, what the vLLM engine and the live gateway
+    both use) -> Turn (``Turn.sampled``, what episodes and live sessions both use)."""
+    from rollout.engines.base import Chunk, Completion
+
+    comp = Completion.empty("r")
+    for chunk in (Chunk("r", [5, 6], [-0.5, -0.25], 3), Chunk("r", [7], [-1.0], 3),
+                  Chunk("r", [8], [-2.0], 4), Chunk("r", [], [], 4, "stop")):
+        comp.take(chunk)
+    assert (comp.token_ids, comp.logprobs) == ([5, 6, 7, 8], [-0.5, -0.25, -1.0, -2.0])
+    assert (comp.version_spans, comp.finish_reason) == ([(0, 3), (3, 4)], "stop")  # v4 from token 3 on
+    turn = Turn.sampled(comp, text="x")
+    assert (turn.policy_version, turn.version_spans, turn.versions()) == (3, [(0, 3), (3, 4)], [3, 3, 3, 4])
+    # Nothing sampled: the final chunk still names the version that served the request.
+    empty = Completion.empty("e")
+    empty.take(Chunk("e", [], [], 7, "length"))
+    assert (empty.version_spans, empty.finish_reason) == ([(0, 7)], "length")
+    one = Turn.sampled(Completion("o", [1], [-0.1], "stop", [(0, 2)]))
+    assert (one.policy_version, one.version_spans) == (2, [])  # one version: no spans kept

@@ -69,6 +69,24 @@ class Completion:
         """The weights version of each token."""
         return expand_spans(self.version_spans, len(self.token_ids))
 
+    @classmethod
+    def empty(cls, request_id: str) -> "Completion":
+        """A completion to gather a stream into (``take``)."""
+        return cls(request_id, [], [], "length", [])
+
+    def take(self, chunk: "Chunk") -> None:
+        """The one place streamed chunks become a completion: the chunk's tokens and
+        log-probs appended, a new version span where its version differs, and with the final
+        chunk the finish reason (and, when nothing was sampled, the version that served it)."""
+        if chunk.token_ids:
+            add_span(self.version_spans, len(self.token_ids), chunk.version)
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+            if not self.version_spans:
+                self.version_spans.append((0, chunk.version))
+
 
 @dataclass
 class Chunk:

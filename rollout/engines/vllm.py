@@ -38,7 +38,7 @@ from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
 
 from rollout.config import VLLMEngineConfig
 from rollout.cores import thread_policy_env
-from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, add_span, check_first, new_request_id
+from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id
 from rollout.engines.transport import BroadcastWeights, FileWeights, WeightHandle, write_safetensors
 
 T = TypeVar("T")
@@ -237,22 +237,13 @@ class VLLMEngine(Engine):
                        request_id: str | None = None) -> Completion:
         rid = request_id or new_request_id()
         t0 = time.perf_counter()
-        ids: list[int] = []
-        lps: list[float] = []
-        spans: list[tuple[int, int]] = []
-        reason = "length"
+        comp = Completion.empty(rid)
         async for chunk in self.stream(prompt_ids, params, rid):
-            if chunk.token_ids:
-                add_span(spans, len(ids), chunk.version)
-            ids += chunk.token_ids
-            lps += chunk.logprobs
-            if chunk.finish_reason is not None:
-                reason = chunk.finish_reason
-                if not spans:
-                    spans.append((0, chunk.version))
-        if len(spans) > 1:
+            comp.take(chunk)
+        if len(comp.version_spans) > 1:
             self._stats["weight_changes_mid_request"] += 1
-        return Completion(rid, ids, lps, reason, spans, {"generate": time.perf_counter() - t0})  # type: ignore[arg-type]
+        comp.timings = {"generate": time.perf_counter() - t0}
+        return comp
 
     async def join_weight_group(self, init: dict[str, Any]) -> None:
         # The receiving end lives in vLLM's worker (where the weights are), not in this process.
