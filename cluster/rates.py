@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cluster.telemetry import step_levels
+
 
 def step_rates(actors: Any, last: dict[str, Any]) -> dict[str, float]:
     """The step's rates and levels: growth of the actors' counters since ``last`` (the
@@ -25,9 +27,7 @@ def step_rates(actors: Any, last: dict[str, Any]) -> dict[str, float]:
     replay = ray.get(actors.replay.stats.remote())
     out = rates({i: s["tokens"] for i, s in engines.items()}, {i: s["episodes"] for i, s in stats.items()},
                 time.time(), last)
-    out |= {"replay/ready": replay.ready, "replay/running": replay.running,
-            "replay/refused": sum(replay.refused.values()), "replay/evicted": sum(replay.evicted.values()),
-            "rollout/dropped_groups": sum(s.get("dropped", 0) for s in stats.values())}
+    out |= step_levels("replay", [replay]) | step_levels("rollout", stats.values())
     if actors.gateway is not None:
         out |= live_metrics(ray.get(actors.gateway.stats.remote()), last, out["throughput/interval_s"])
     if engines and all("forwards" in s for s in engines.values()):  # the HF engine counts its decode steps

@@ -49,6 +49,9 @@ class Spec:
     """A fixed (label, value) pair, so several keys can share one family."""
     by: str | None = None
     """For dict-valued keys: the label that carries the dict's keys."""
+    step: str | None = None
+    """The same key as a per-step level in metrics.jsonl (``cluster/rates.py``), named so: its
+    value, a breakdown summed over its rows, summed over the component's actors."""
 
 
 SPECS: dict[str, tuple[Spec, ...]] = {
@@ -72,6 +75,8 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         Spec("errors", "turnrl_rollout_failed_episodes", "counter", "Episodes that ended in an error."),
         Spec("tokens", "turnrl_rollout_action_tokens", "counter", "Action tokens in finished episodes."),
         Spec("version", "turnrl_rollout_policy_version", "gauge", "Newest policy version the worker has seen served."),
+        Spec("dropped", "turnrl_rollout_dropped_groups", "counter",
+             "Finished groups lost with a reward service that died holding them.", step="rollout/dropped_groups"),
     ),
     "reward": (  # rewards.service.RewardService.stats() plus the in-flight count added here
         Spec("groups", "turnrl_reward_groups", "counter", "Groups scored."),
@@ -99,9 +104,10 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         Spec("idle_scorers", "turnrl_reward_idle_scorers", "gauge", "Model scorers waiting for work."),
     ),
     "replay": (
-        Spec("ready", "turnrl_replay_depth_groups", "gauge", "Groups in replay, by state.", label=("state", "ready")),
+        Spec("ready", "turnrl_replay_depth_groups", "gauge", "Groups in replay, by state.", label=("state", "ready"),
+             step="replay/ready"),
         Spec("claimed", "turnrl_replay_depth_groups", "gauge", "", label=("state", "claimed")),
-        Spec("running", "turnrl_replay_depth_groups", "gauge", "", label=("state", "running")),
+        Spec("running", "turnrl_replay_depth_groups", "gauge", "", label=("state", "running"), step="replay/running"),
         # trained but kept until a checkpoint commits them (replay/base.py): a run that never
         # checkpoints shows this growing, which is the sign to look for
         Spec("retained", "turnrl_replay_depth_groups", "gauge", "", label=("state", "retained")),
@@ -113,8 +119,10 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         Spec("trained", "turnrl_replay_trained_groups", "counter", "Groups acknowledged by the learner."),
         Spec("live_trained", "turnrl_replay_live_trained_groups", "counter",
              "Live groups acknowledged by the learner."),
-        Spec("refused", "turnrl_replay_refused_groups", "counter", "Puts refused, by reason.", by="reason"),
-        Spec("evicted", "turnrl_replay_evicted_groups", "counter", "Groups dropped untrained, by reason.", by="reason"),
+        Spec("refused", "turnrl_replay_refused_groups", "counter", "Puts refused, by reason.", by="reason",
+             step="replay/refused"),
+        Spec("evicted", "turnrl_replay_evicted_groups", "counter", "Groups dropped untrained, by reason.", by="reason",
+             step="replay/evicted"),
         Spec("version", "turnrl_replay_policy_version", "gauge", "Newest policy version replay knows."),
     ),
     "learner": (
@@ -190,6 +198,23 @@ def build_families(component: str, stats: dict[str, Any], labels: dict[str, str]
     if component == "replay" and "staleness_hist" in stats:
         families[STALENESS_FAMILY] = _staleness_histogram(stats["staleness_hist"], names, values)
     return list(families.values())
+
+
+def step_levels(component: str, snapshots: Iterable[Any]) -> dict[str, float]:
+    """The per-step levels (``Spec.step``) of ``component``'s ``stats()`` snapshots, one per
+    actor that answered: the one table (``SPECS``) says what a stats key means both here and
+    on the Prometheus endpoint."""
+    dicts = [_as_dict(s) for s in snapshots]
+    out: dict[str, float] = {}
+    for spec in SPECS[component]:
+        if spec.step is not None:
+            rows = [v for s in dicts for v in _rows(s.get(spec.key, 0))]
+            out[spec.step] = sum(v for v in rows if _number(v) is not None)
+    return out
+
+
+def _rows(value: Any) -> Iterable[Any]:
+    return value.values() if isinstance(value, dict) else [value]
 
 
 def _staleness_histogram(hist: dict[Any, Any], names: list[str], values: list[str]) -> Metric:

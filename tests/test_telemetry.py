@@ -216,3 +216,17 @@ def test_exposition_passes_promtool_lint() -> None:
         exported = {f.name for f in text_string_to_metric_families(text)}
         assert all(name.startswith(f"turnrl_{component}_") or name == "turnrl_metrics_errors" for name in exported)
     assert "turnrl_learner_steps_total" in metric_names()
+
+
+def test_step_levels_read_the_same_table_as_the_endpoint() -> None:
+    """metrics.jsonl's levels (cluster/rates.py) come from SPECS' ``step`` names: a breakdown
+    summed over its rows, a rollout counter summed over the workers that answered."""
+    from cluster.telemetry import step_levels
+    from replay.base import ReplayStats
+
+    replay = ReplayStats(ready=3, running=2, refused={"stale": 1, "full": 4}, evicted={"stale": 2})
+    assert step_levels("replay", [replay]) == {"replay/ready": 3, "replay/running": 2, "replay/refused": 5,
+                                              "replay/evicted": 2}
+    assert step_levels("rollout", [{"dropped": 1}, {"dropped": 2}, {}]) == {"rollout/dropped_groups": 3}
+    names = {f.name for f in build_families("rollout", {"dropped": 3}, {"run": "r"})}
+    assert names == {"turnrl_rollout_dropped_groups"}
