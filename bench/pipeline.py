@@ -24,7 +24,7 @@ generation cores had made async's generation take 1.96 s a step against sync's 1
 training the slower (t > g, 2026-11-27) the glue on the learner's cores made async's updates
 17% slower than sync's and async reached 0.83 of the ideal. ``--glue learner|generation``
 fixes the side; ``--glue split`` puts Ray and the driver with generation and the run's
-services (reward, replay, weight broker: ``cluster.services_cpu_affinity``) with the learner;
+services (reward, replay, weight sync: ``cluster.services_cpu_affinity``) with the learner;
 ``--shared-cores`` runs both modes unpinned instead. The "engine s" column is the seconds the
 engines spent decoding per step: near g when generation limits, and higher in async than in
 sync when the glue shares the engine's core (docs/results/pipeline.md); "prefilled" is the prompt tokens
@@ -40,8 +40,10 @@ either core split. Sync is unaffected (it generates each batch fresh). Staleness
 change what is measured: the learning rate is 0 (below).
 
 Async starts its groups in waves (``rollout.admission=waves``, ``--admission``): a rollout
-actor starts new groups only when all of its last ones have ended, as sync does each step, and
-the engines hold the wave's weights version until the next wave starts (``rollout.wave_hold_s``).
+actor starts new groups only when all of its last ones have ended, as sync does each step. The
+engines load each new version when the learner's weight sync pushes it, mid-wave included (until
+2026-11-27 they held a wave's version until the next wave started, ``rollout.wave_hold_s``; the
+numbers below with "the hold" are from then; docs/results/weight_sync.md has the runs since).
 Admitted continuously instead (a group starts whenever one ends) the rows of a batch were at
 different turns, padded to the longest (24.6% of the key/value columns a decode step attended to
 were padding, against 4.4% in sync), and a weight update mid-episode made the episode's cached
@@ -92,7 +94,7 @@ QUICK = ["policy.sft.steps=30", "policy.tiny.hidden_size=64", "policy.tiny.num_l
 def core_split(glue: str, cores: list[int]) -> list[str]:
     """Overrides giving generation and training disjoint halves of ``cores``, and everything
     else those of ``glue``: "learner" or "generation" put Ray, the driver and the run's
-    services (reward, replay, weight broker) there; "split" puts Ray and the driver with
+    services (reward, replay, weight sync) there; "split" puts Ray and the driver with
     generation and the services with the learner. Both modes run on it alike."""
     if len(cores) < 2:
         raise SystemExit("a core split needs two cores; run with --shared-cores")

@@ -11,8 +11,9 @@ end) runs for ``S`` seconds twice:
 
 1. **no publishes**: the weights never change;
 2. **publishes**: every ``P`` seconds a new version (the state perturbed, so the load is real) is
-   published through the engine's update path (``update_weights`` with an in-memory handle: the
-   transport the object store hands over, without Ray), and the consumer acknowledges with it.
+   published through the run's weight sync (``learner.weights.WeightSync.publish``, which pushes
+   it to the engine's ``update_weights``; an in-memory handle: the transport the object store
+   hands over, without Ray), and the consumer acknowledges with it.
 
 It prints p50 and p99 chat latency of each phase, their ratio (goal: p99 with publishes <=
 1.2 x p99 without), failed requests (goal 0), the weight versions reached, and live episodes
@@ -62,6 +63,7 @@ class Stack:
         from cluster.live import LocalLivePorts, local_reward_service
         from gateway.config import LiveConfig
         from gateway.server import LiveGateway
+        from learner.weights import WeightSync
         from replay.config import ReplayConfig
         from replay.memory import InProcessReplayStore
         from rollout.config import HFEngineConfig
@@ -70,6 +72,7 @@ class Stack:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.engine = local_client(HFEngineConfig(), policy)
+        self.sync = WeightSync([self.engine])
         self.store = InProcessReplayStore(ReplayConfig(eta=1_000_000, live_capacity_groups=512), batch_groups=1)
         self.reward = local_reward_service(self.store)
         self.gateway = LiveGateway(LiveConfig(enabled=True, default_max_tokens=24), self.engine,
@@ -134,7 +137,7 @@ def publisher(stack: Stack, every: float, stop: threading.Event) -> None:
         stack.version += 1
         gen = torch.Generator().manual_seed(stack.version)
         state = {k: v + 1e-3 * torch.randn(v.shape, generator=gen) for k, v in base.items()}
-        stack.run(stack.engine.update_weights(stack.version, InMemoryWeights(state)))
+        stack.run(stack.sync.publish(stack.version, InMemoryWeights(state)))
 
 
 def phase(stack: Stack, tasks: list[Any], args: argparse.Namespace, publish: bool, tag: str) -> dict[str, Any]:

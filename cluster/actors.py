@@ -1,4 +1,4 @@
-"""Placing the run's actors on Ray: replay, weight broker, reward, engine group, rollout
+"""Placing the run's actors on Ray: replay, engine group, reward, weight sync, rollout
 workers, learner.
 
 Every worker class is plain Python; this module is the one place that wraps them with
@@ -104,7 +104,7 @@ def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:
     from cluster.reward_service import reward_pools
 
     ro = cfg.rollout
-    services = 3 + sum(reward_pools(cfg)) + int(cfg.live.enabled)  # replay, broker, reward front
+    services = 3 + sum(reward_pools(cfg)) + int(cfg.live.enabled)  # replay, weight sync, reward front
     groups = [("cluster.service_resources", services, cfg.cluster.service_resources),
               ("rollout.resources", ro.num_workers, ro.resources),
               ("rollout.engine.resources", ro.engine.count, ro.engine.resources),
@@ -130,7 +130,8 @@ def run_cpus(cfg: RunConfig) -> float:
 @dataclass
 class RunActors:
     replay: Any
-    broker: Any
+    weights: Any
+    """The run's ``learner.weights.WeightSync`` actor."""
     reward: Any
     rollouts: list[Any]
     learner: LearnerGroup
@@ -147,10 +148,10 @@ class RunActors:
 
     def all(self) -> list[Any]:
         """Every actor of the run, callers before what they call (the order they are killed
-        in): an engine killed after the weight broker would log its weight poll's
-        ActorDiedError, a traceback at the end of a run that went well. Replay comes last."""
+        in): the weight sync goes after the learner, whose publish may be calling it, and
+        replay comes last."""
         return [*([self.gateway] if self.gateway is not None else []), *self.rollouts, *self.engines,
-                *self.learner.ranks, self.reward, *self.envs, self.broker, self.replay]
+                *self.learner.ranks, self.reward, *self.envs, self.weights, self.replay]
 
     def release(self) -> None:
         """Kill every actor of the run and free the learner's placement group. Replay goes
@@ -184,13 +185,14 @@ def start_env_hosts(cfg: RunConfig) -> list[Any]:
 
 
 def start_engines(cfg: RunConfig, policy_path: str, run_id: str) -> list[Any]:
-    """The run's engine group: ``rollout.engine.count`` actors, each following the run's
-    weight broker (started before them, found by its name)."""
+    """The run's engine group: ``rollout.engine.count`` actors. The weight sync pushes new
+    weights to them; one that Ray starts again catches up from the sync (found by its name)."""
     import ray
 
     from cluster.telemetry import instrument
+    from cluster.weight_sync import weight_sync_name
     from rollout.engines.server import EngineServer
-    from rollout.ports import BrokerWeightSource
+    from rollout.ports import WeightSyncSource
 
     eng = cfg.rollout.engine
     # A restarted engine cannot rejoin the learner's broadcast group (its peers joined once).
@@ -198,14 +200,9 @@ def start_engines(cfg: RunConfig, policy_path: str, run_id: str) -> list[Any]:
     actor = ray.remote(instrument(EngineServer, "engine")).options(
         num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources, max_concurrency=eng.max_concurrency,
         max_restarts=restarts, max_task_retries=0)
-    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, BrokerWeightSource(broker_name(run_id)), i + 1,
-                         follow=True)
+    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, WeightSyncSource(weight_sync_name(run_id)),
+                         restarted_by_ray=True)
             for i in range(eng.count)]
-
-
-def broker_name(run_id: str) -> str:
-    """The weight broker's Ray actor name (engines find it by name)."""
-    return f"weights-{run_id}"
 
 
 def producer_id(worker: int) -> str:
@@ -228,10 +225,10 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     import ray
 
     from learner.ports import ActorLearnerPorts
-    from learner.weights import WeightBroker
     from learner.worker import LearnerWorker
     from replay.host import ACTOR_THREADS, ReplayHost
-    from cluster.reward_service import start_reward_service
+    from cluster.reward_service import start_reward_service, start_scorers
+    from cluster.weight_sync import form_weight_group, start_weight_sync
     from rollout.engines.client import RayEngineClient
     from rollout.ports import ActorEnvPort, ActorPorts
     from rollout.worker import RolloutWorker
@@ -249,12 +246,11 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
                                         resources=services, max_concurrency=ACTOR_THREADS,
                                         **service_restarts(cfg, replay_host=True)).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
-    # Two threads: the driver's vigil holds one for good.
-    broker = ray.remote(WeightBroker).options(num_cpus=0, resources=services, name=broker_name(run_id),
-                                              max_concurrency=2, **service_restarts(cfg)).remote()
     engines = start_engines(cfg, str(policy_path), run_id)
     client = RayEngineClient(engines, str(policy_path))
-    reward = start_reward_service(cfg, replay, broker, str(policy_path), client)
+    scorers = start_scorers(cfg, str(policy_path))
+    reward = start_reward_service(cfg, replay, str(policy_path), client, scorers)
+    weights = start_weight_sync(cfg, run_id, engines, scorers, replay)
     envs = start_env_hosts(cfg)
     env_ports = [ActorEnvPort(h) for h in envs] or None
     rollouts = [
@@ -264,7 +260,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
             i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward, producer_id(i)), env_ports)
         for i in range(cfg.rollout.num_workers)
     ]
-    ports = ActorLearnerPorts(replay, broker, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
+    ports = ActorLearnerPorts(replay, weights, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
 
     def make_learner(resume: bool, version_floor: int = 0) -> LearnerGroup:
         group = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
@@ -275,7 +271,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         pin(group.ranks, cfg.learner.cpu_affinity, "learner.cpu_affinity")
         return group
 
-    started = RunActors(replay, broker, reward, rollouts, LearnerGroup([]), envs, engines, client,
+    started = RunActors(replay, weights, reward, rollouts, LearnerGroup([]), envs, engines, client,
                         make_learner=make_learner, run_dir=run_dir, run_id=run_id)
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
@@ -283,6 +279,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         learner = started.learner = make_learner(resume)
         wait_ready([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
                     *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]], cfg.progress == "bar")
+        form_weight_group(started)
         pin(rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
         pin_services(cfg, started)
         if cfg.live.enabled:
@@ -298,7 +295,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
 
 
 def service_restarts(cfg: RunConfig, replay_host: bool = False) -> dict[str, int]:
-    """Ray's restart options for the weight broker and the replay host: restarted up to
+    """Ray's restart options for the weight sync and the replay host: restarted up to
     ``cluster.service_max_restarts`` times, every caller's call waiting meanwhile and re-sent
     to the new process (-1: for as long as it restarts). Never the host of in-process replay,
     whose groups die with it (the driver ends that run naming it)."""
@@ -308,8 +305,8 @@ def service_restarts(cfg: RunConfig, replay_host: bool = False) -> dict[str, int
 
 
 def pin_services(cfg: RunConfig, actors: RunActors) -> None:
-    """The replay host, weight broker and reward front on ``cluster.services_cpu_affinity``."""
-    pin([actors.replay, actors.broker, actors.reward], cfg.cluster.services_cpu_affinity,
+    """The replay host, weight sync and reward front on ``cluster.services_cpu_affinity``."""
+    pin([actors.replay, actors.weights, actors.reward], cfg.cluster.services_cpu_affinity,
         "cluster.services_cpu_affinity")
 
 
@@ -355,7 +352,7 @@ def record_placement(actors: RunActors, run_dir: str) -> dict[str, list[dict[str
     each of the run's actors, by role, so an operator (and the tests) see where resources and
     ``cpu_affinity`` put them."""
 
-    roles = {"replay": [actors.replay], "broker": [actors.broker], "reward": [actors.reward], "rollout": actors.rollouts,
+    roles = {"replay": [actors.replay], "weights": [actors.weights], "reward": [actors.reward], "rollout": actors.rollouts,
              "engine": actors.engines, "env": actors.envs, "learner": actors.learner.ranks}
     refs = {role: [a.__ray_call__.remote(_node_of) for a in handles] for role, handles in roles.items()}
     placement = {role: [_answer(ref) for ref in r] for role, r in refs.items()}

@@ -38,7 +38,7 @@ class ClusterConfig(BaseModel):
     None: every core. Not allowed with ``address`` (a joined cluster's nodes are set up by
     whoever started them)."""
     services_cpu_affinity: list[int] | None = None
-    """Cores the run's services run on: the replay host, the weight broker and the reward
+    """Cores the run's services run on: the replay host, the weight sync and the reward
     service's front (its scorers and judges stay on ``cpu_affinity``), on whichever node each
     runs. None: where ``cpu_affinity`` puts them. Their work (scoring, puts, claims, weight
     hand-offs) is the glue an async step must fit beside generation or training; on a small
@@ -50,13 +50,13 @@ class ClusterConfig(BaseModel):
     """Ray CPUs for the replay actor."""
     service_resources: dict[str, float] = {}
     """Ray custom resources each of the run's one-of-a-kind services asks for (replay host,
-    weight broker, reward front and its scorers/judges, live gateway), e.g. ``{head_node:
+    weight sync, reward front and its scorers/judges, live gateway), e.g. ``{head_node:
     0.01}`` with ``ray start --head --resources='{"head_node": 1}'``: keeps them on a node that
     stays while worker nodes come and go. Engines, rollout, environment and learner actors
     have their own ``resources``."""
     service_max_restarts: int = Field(3, ge=0)
-    """Times the weight broker, and the replay host of Redis replay, are started again after
-    their process dies (kill -9, their node lost): a restarted broker gets the learner's
+    """Times the weight sync, and the replay host of Redis replay, are started again after
+    their process dies (kill -9, their node lost): a restarted sync gets the learner's
     current weights again, a restarted host finds the groups in Redis. The in-process replay
     store dies with its host (its groups lived there): that run ends naming the replay host,
     and ``turnrl train --resume`` continues it from its last checkpoint."""

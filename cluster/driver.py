@@ -97,6 +97,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         step += 1
         if not cfg.train.async_:
             t0 = time.perf_counter()
+            settle_weights(actors)  # generate with the learner's newest weights, its batch acknowledged
             collect(actors.rollouts, per_worker, revive, actors)
             gen_s = time.perf_counter() - t0
         try:
@@ -125,18 +126,28 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
     return step
 
 
+def settle_weights(actors: Any) -> None:
+    """Wait until the weight sync's push in flight has ended: every engine serves the
+    learner's newest version and its batch is acknowledged."""
+    import ray
+
+    ray.get(actors.weights.settle.remote())
+
+
 def _restart_learner(cfg: RunConfig, actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:
     """Replace a dead learner inside the run, from its last checkpoint; replay delivers again
     what the lost steps trained. Returns the step training continues after."""
     import ray
 
     from cluster.actors import after_restart
+    from cluster.weight_sync import form_weight_group
 
     t0 = time.monotonic()
-    served = ray.get(actors.broker.version.remote())
+    served = ray.get(actors.weights.version.remote())
     actors.learner.release()
     actors.learner = actors.make_learner(True, served)
     ray.get(actors.learner.call("get_version"))  # every rank built
+    form_weight_group(actors)  # broadcast: a new rank 0, a new group
     step, version = ray.get(actors.learner.leader.get_resumed_from.remote())
     requeued = ray.get(actors.replay.recover.remote(version))
     monitor.rewind(step)
@@ -288,7 +299,9 @@ def _final_checkpoint(actors: Any, on_stage: Callable[[str], None]) -> str | Non
 
 def _evaluate(actors: Any, tasks: list[Any], cfg: RunConfig, bar: bool = False) -> dict[str, float]:
     """Held-out success per task; ``bar``: a progress bar when the run shows bars (not for
-    the evaluations between steps, which would break the training bar)."""
+    the evaluations between steps, which would break the training bar). Once the engines
+    serve the learner's newest weights."""
     from cluster.evaluation import evaluate
 
+    settle_weights(actors)
     return evaluate(actors.rollouts, tasks, cfg.eval, show_progress=bar and cfg.progress == "bar")

@@ -26,7 +26,7 @@ class LearnerGroup:
 
     @property
     def leader(self) -> Any:
-        """Rank 0: the one that talks to replay and the weight broker."""
+        """Rank 0: the one that talks to replay and the weight sync."""
         return self.ranks[0]
 
     def call(self, method: str, *args: Any) -> list[Any]:

@@ -6,8 +6,8 @@ Layout (resources from ``cluster.reward_num_cpus`` and ``rewards.service``):
   (``submit.remote(group) -> PutResult``, ``stats.remote() -> dict``); async, so many groups
   are in flight at once while it batches them;
 - ``rewards.service.num_scorers`` x ``rewards.scorer.ModelScorer`` (only when IG or a PRM
-  model is configured): each holds the policy copy for IG, following the weight broker,
-  and/or the PRM;
+  model is configured): each holds the policy copy for IG, to which the learner's weight sync
+  pushes every new version, and/or the PRM;
 - ``rewards.prm.num_workers`` x ``rewards.judge.JudgeWorker`` (only for a judge).
 
 The adapters below turn actor handles into the plain ports the worker classes take, so the
@@ -51,27 +51,6 @@ class ActorJudge:
         return await self.handle.judge.remote(trajs, turns)
 
 
-class BrokerWeights:
-    """The learner's weight broker as a ``rewards.scorer.WeightSource``.
-
-    The broker hands out ``(version, WeightHandle)``; the scorer keeps the handle (the tensors
-    stay where the transport put them) and fetches only when it loads them.
-    """
-
-    def __init__(self, broker: Any) -> None:
-        self.broker = broker
-
-    def latest(self, have: int) -> tuple[int, Any] | None:
-        import ray
-
-        return ray.get(self.broker.latest.remote(have))
-
-    def fetch(self, handle: Any) -> Any:
-        import asyncio
-
-        return asyncio.run(handle.load())  # a scorer actor's thread has no running loop
-
-
 def reward_pools(cfg: RunConfig) -> tuple[int, int]:
     """(model scorer actors, judge actors) the reward service starts for ``cfg``: scorers when
     IG is scored by a model scorer (not ``rewards.ig.scorer: engine``) or the PRM is a model,
@@ -101,30 +80,49 @@ def check_cpus(cfg: RunConfig, n_scorers: int, n_judges: int) -> None:
             "judge_num_cpus / num_scorers (fractions are fine) or add nodes")
 
 
-def start_reward_service(cfg: RunConfig, replay: Any, broker: Any, policy_path: str, engines: Any = None) -> Any:
+def start_scorers(cfg: RunConfig, policy_path: str) -> list[Any]:
+    """The model scorer pool (none unless ``reward_pools`` says so): the reward service scores
+    through them and the weight sync pushes new weights to them."""
+    import ray
+
+    from rewards.scorer import ModelScorer
+
+    n_scorers, n_judges = reward_pools(cfg)
+    if not n_scorers:
+        return []
+    check_cpus(cfg, n_scorers, n_judges)
+    sc = cfg.rewards.service
+    # A crashed scorer comes back (its in-flight batch is flagged missing meanwhile), holding
+    # its starting weights until the weight sync pushes the next version.
+    actor = ray.remote(ModelScorer).options(num_cpus=sc.scorer_num_cpus, max_restarts=2,
+                                             resources=cfg.cluster.service_resources)
+    return [actor.remote(scorer_rewards(cfg), policy_path, torch_threads=sc.torch_threads) for _ in range(n_scorers)]
+
+
+def scorer_rewards(cfg: RunConfig) -> Any:
+    """What the model scorers score: with ``rewards.ig.scorer: engine`` only the PRM."""
+    rc = cfg.rewards
+    return rc.model_copy(update={"ig": None}) if rc.ig is not None and rc.ig.scorer == "engine" else rc
+
+
+def start_reward_service(cfg: RunConfig, replay: Any, policy_path: str, engines: Any = None,
+                         scorers: list[Any] | None = None) -> Any:
     """Returns the front handle: ``submit.remote(group)`` scores a group and puts it into
     replay (returning the ``PutResult``); ``stats.remote()`` returns counters and queue depths.
-    ``engines``: the run's engine client, for ``rewards.ig.scorer: engine``."""
+    ``engines``: the run's engine client, for ``rewards.ig.scorer: engine``; ``scorers``: the
+    model scorer pool (``start_scorers``; started here when None)."""
     import ray
 
     from rewards.judge import JudgeWorker
-    from rewards.scorer import ModelScorer
     from rewards.service import RewardService
     from cluster.telemetry import instrument
 
     rc, sc = cfg.rewards, cfg.rewards.service
     ig_on_engines = rc.ig is not None and rc.ig.scorer == "engine"
-    if ig_on_engines:  # the model scorers (if any) score only the PRM
-        rc = rc.model_copy(update={"ig": None})
     n_scorers, n_judges = reward_pools(cfg)
     check_cpus(cfg, n_scorers, n_judges)
-    scorers, judges = [], []
-    if n_scorers:
-        # A crashed scorer comes back (its in-flight batch is flagged missing meanwhile).
-        actor = ray.remote(ModelScorer).options(num_cpus=sc.scorer_num_cpus, max_restarts=2,
-                                                 resources=cfg.cluster.service_resources)
-        scorers = [actor.remote(rc, policy_path, BrokerWeights(broker), torch_threads=sc.torch_threads)
-                   for _ in range(n_scorers)]
+    scorers = start_scorers(cfg, policy_path) if scorers is None else scorers
+    judges = []
     if n_judges:
         actor = ray.remote(JudgeWorker).options(num_cpus=sc.judge_num_cpus, max_restarts=2,
                                                  resources=cfg.cluster.service_resources)

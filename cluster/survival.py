@@ -2,7 +2,7 @@
 
 Restarted inside the run: rollout actors (``RolloutReviver``: their reservations given back,
 their loop started again), the learner (from its last checkpoint, ``driver._restart_learner``),
-the weight broker (the learner publishes its current weights to the new one) and the replay
+the weight sync (the learner publishes its current weights to the new one) and the replay
 host of Redis replay (the groups are in Redis; callers' calls wait for it and are re-sent).
 Engines, environment actors and the reward front are restarted by Ray alone; their callers
 handle the calls that failed.
@@ -11,7 +11,7 @@ Naming: a call on actor A that fails with ``RayActorError`` means A's process di
 the error is also a ``RayTaskError``: then A ran, and raised the ``RayActorError`` of a call
 *it* made into actor B (Ray's exception class carries both). ``dead_callee`` finds B, so a
 learner whose replay host died is never restarted as if it had died itself. The replay host
-and the broker are also watched directly: each holds a ``vigil`` call from the driver that
+and the weight sync are also watched directly: each holds a ``vigil`` call from the driver that
 fails the moment its process dies (``Vigils``), whether or not anyone was calling it.
 """
 
@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable
 
 SERVICE_RESTART_TIMEOUT_S = 120.0
-"""How long a restarted replay host or broker may take to answer again."""
+"""How long a restarted replay host or weight sync may take to answer again."""
 
 
 class LearnerDied(RuntimeError):
@@ -36,7 +36,7 @@ class ComponentDied(RuntimeError):
 
 def actor_names(actors: Any) -> dict[str, str]:
     """Actor id (hex) -> the component's name in messages, for every actor of the run."""
-    named = [("replay host", actors.replay), ("weight broker", actors.broker), ("reward front", actors.reward),
+    named = [("replay host", actors.replay), ("weight sync", actors.weights), ("reward front", actors.reward),
              *[(f"engine {i}", e) for i, e in enumerate(actors.engines)],
              *[(f"rollout worker {i}", w) for i, w in enumerate(actors.rollouts)],
              *[(f"environment actor {i}", h) for i, h in enumerate(actors.envs)],
@@ -75,12 +75,12 @@ def wait_restarted(actor: Any, timeout_s: float, method: str = "stats") -> None:
 
 
 class Vigils:
-    """One ``vigil`` call on the replay host and on the weight broker that never returns
+    """One ``vigil`` call on the replay host and on the weight sync that never returns
     while it lives (made without retries, so it fails when the process dies). ``watch`` waits
     on them beside the learner's step; ``revive`` handles a death: a restartable service is
     waited for and set up again, anything else ends the run naming it."""
 
-    SERVICES = {"replay": "replay host", "broker": "weight broker"}
+    SERVICES = {"replay": "replay host", "weights": "weight sync"}
 
     def __init__(self, cfg: Any, actors: Any, on_stage: Callable[[str], None]) -> None:
         self.cfg, self.actors, self.on_stage = cfg, actors, on_stage
@@ -132,7 +132,7 @@ class Vigils:
 
         from cluster.actors import after_restart
 
-        if service == "broker":
+        if service == "weights":
             version = ray.get(self.actors.learner.leader.republish.options(concurrency_group="control").remote())
             what = f"the learner published version {version} to it again"
         else:

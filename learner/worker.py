@@ -1,6 +1,6 @@
 """The DeepSpeed learner: claim a batch, compute turn advantages, take ``ppo_epochs`` x
-``mini_batches`` optimizer steps against old log-probs computed once, publish the new weights,
-acknowledge the batch, checkpoint, commit.
+``mini_batches`` optimizer steps against old log-probs computed once, publish the new weights
+(the weight sync acknowledges the batch once the engines serve them), checkpoint, commit.
 
 Exactly-once training across crashes: every step appends its group ids to
 ``trained_groups.jsonl``; a checkpoint commits the acknowledged groups in the replay store;
@@ -8,11 +8,12 @@ on resume the log is cut back to the checkpoint's step, and the driver has the s
 again what later steps trained (their update died with the learner).
 
 A learner of several ranks (``learner.world_size``) runs one worker per rank. Rank 0 alone
-talks to replay and the weight broker: it claims the batch and hands every rank the same
+talks to replay and the weight sync: it claims the batch and hands every rank the same
 trajectories over a gloo control group; each rank computes the (cheap, deterministic)
 advantages of the whole batch, trains on its contiguous share of each mini-batch's rows with
 shares of the *whole* mini-batch's tokens, and DeepSpeed averages the gradients: the update
-is the one a single rank takes. Rank 0 then publishes, acknowledges and commits.
+is the one a single rank takes. Rank 0 then publishes to the weight sync, which acknowledges
+the batch once the engines serve the new version, and commits at checkpoints.
 
 Plain Python; the driver wraps it with ``ray.remote``. Stages of ``train_step`` are timed
 (``wait``, ``advantages``, ``update``, ``publish``) and returned as metrics.
@@ -132,10 +133,10 @@ class LearnerWorker:
         t2 = time.perf_counter()
         self.version += 1
         self.step += 1
-        self._publish()
+        # The weight sync acknowledges the claim once the engines serve the new version; with
+        # no checkpoint to resume from, nothing to retain: forgotten in the same call.
+        self._publish(None if claim is None else (claim.claim_id, not self.cfg.checkpoint_every))
         if claim is not None:  # rank 0
-            # No checkpoint to resume from: nothing to retain, forgotten in the same call.
-            self.ports.ack(claim.claim_id, self.version, commit=not self.cfg.checkpoint_every)
             self._log_trained(claim)
         t3 = time.perf_counter()
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -192,18 +193,35 @@ class LearnerWorker:
                 "them; learner.claim_timeout_s sets the wait")
         return claim
 
-    def _publish(self) -> None:
-        """The current weights to the broker (gathered on every rank under ZeRO-3, sent by
-        rank 0)."""
+    def _publish(self, ack: tuple[str, bool] | None = None) -> None:
+        """The current weights to the weight sync (gathered on every rank under ZeRO-3, sent
+        by rank 0), which acknowledges ``ack`` = (claim id, commit) once engines serve them."""
         state = full_state_dict(self.engine, gather_to_all=False)
         if self.rank == 0:
-            self.ports.publish(self.version, state)
+            self.ports.publish(self.version, state, ack)
 
     def republish(self) -> int:
-        """Rank 0: the last published weights to the broker again (the driver calls it in
-        the ``control`` group when the broker was restarted, possibly beside a step);
+        """Rank 0: the last published weights to the weight sync again (the driver calls it
+        in the ``control`` group when the sync was restarted, possibly beside a step);
         returns their version."""
         return self.ports.republish() if self.rank == 0 else 0
+
+    def weight_group(self) -> dict[str, Any] | None:
+        """Rank 0: the weight broadcast group's address (``rollout.weights.transport:
+        broadcast``) for the driver's start step; None on other transports and ranks."""
+        if self.rank > 0 or not hasattr(self.ports, "publisher"):
+            return None
+        return getattr(self.ports.publisher(), "init", None)
+
+    def join_weight_group(self) -> None:
+        """Rank 0: form the weight broadcast group, as every engine joins it at the same time
+        (the driver's start step); returns once all have."""
+        self.ports.publisher().join()
+
+    def settle_weights(self) -> None:
+        """Rank 0: wait until the last published version is served and its batch acknowledged."""
+        if self.rank == 0:
+            self.ports.settle()
 
     def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
         """Advantages and the turn mask. The estimator weighs and combines the run's reward

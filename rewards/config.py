@@ -6,9 +6,11 @@ the CLI can validate a run's config without loading a model.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollout.config import PUSHED, refuse_removed
 
 # Duplicated from rollout.trajectory.REWARD_SOURCES because config modules import only
 # pydantic; tests/test_rewards_outcome.py checks the two stay equal.
@@ -206,6 +208,11 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        return refuse_removed(data, "rewards.service", {"weight_poll_s": f"model scorers no longer poll: {PUSHED}"})
+
     num_scorers: int = Field(default=1, ge=1)
     """Scorer actors for the model-based sources (IG, PRM); each holds its own models."""
     scorer_num_cpus: float = Field(default=0.25, ge=0)
@@ -221,8 +228,6 @@ class ServiceConfig(BaseModel):
     """How long the batcher waits for more groups before dispatching a batch."""
     queue_groups: int = Field(default=64, ge=1)
     """Groups waiting for model scoring; ``submit`` waits beyond it (backpressure)."""
-    weight_poll_s: float = Field(default=0.5, ge=0)
-    """Least seconds between a scorer's polls of the weight broker."""
 
 
 class RewardsConfig(BaseModel):

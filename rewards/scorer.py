@@ -1,9 +1,11 @@
 """The model scorer: IG with the behaviour policy's weights and the PRM, batched over many
 trajectories. Plain Python; ``cluster.reward_service`` runs a pool of these as Ray actors.
 
-Weight following (IG): the scorer polls a weight source (the learner's broker) and keeps the
-last ``ig.keep_versions`` published versions as handles (Ray object references: the tensors
-stay in the object store until loaded). A trajectory is scored with the version that
+Weights (IG): the learner's weight sync (``learner.weights.WeightSync``) pushes every new
+version to the scorers (``update_weights``) before the engines get it, so a trajectory never
+carries a version its scorer has not been given. The scorer keeps the last ``ig.keep_versions``
+versions as handles (an object-store handle keeps the tensors in Ray's object store until
+loaded). A trajectory is scored with the version that
 generated its final turn when that version is still held, else with the newest held; every
 IG value records the version used (``reward_versions["ig"]``) and a turn whose behaviour
 version differs is counted (``ig_version_mismatch``). The PRM is its own model: it does not
@@ -15,33 +17,22 @@ trajectory that still fails gets ``None`` values with the error text.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from collections import OrderedDict
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from rewards.combine import SourceResult, failed, ig_gold, ig_without_gold, process_result
 from rewards.config import PRMConfig, RewardsConfig
+from rollout.engines.transport import InMemoryWeights, WeightHandle, check_fits, shapes_of
 from rollout.trajectory import Trajectory
 
 
-class WeightSource(Protocol):
-    """Where published policy weights come from (the broker, through an adapter)."""
-
-    def latest(self, have: int) -> tuple[int, Any] | None:
-        """(version, handle) when a version newer than ``have`` is published, else None."""
-
-    def fetch(self, handle: Any) -> dict[str, torch.Tensor]:
-        """The state dict a handle refers to."""
-
-
-class _Identity:
-    """Handles that are state dicts already (in-process publishing, the initial weights)."""
-
-    @staticmethod
-    def fetch(handle: Any) -> dict[str, torch.Tensor]:
-        return handle
+def _fetch(handle: WeightHandle) -> dict[str, torch.Tensor]:
+    """A handle's state dict; the scorer runs on a thread with no event loop (a Ray actor's,
+    or the reward service's ``to_thread``)."""
+    return dict(asyncio.run(handle.load()))
 
 
 def _behaviour_version(traj: Trajectory) -> int:
@@ -74,8 +65,7 @@ def ig_source_result(res: Any) -> SourceResult:
 class ModelScorer:
     """Holds the IG policy copy and/or the PRM; ``score`` fills both for a batch."""
 
-    def __init__(self, cfg: RewardsConfig, policy_path: str, weights: WeightSource | None = None,
-                 *, poll_s: float | None = None, torch_threads: int | None = None,
+    def __init__(self, cfg: RewardsConfig, policy_path: str, *, torch_threads: int | None = None,
                  initial_version: int = 0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,13 +73,11 @@ class ModelScorer:
             torch.set_num_threads(torch_threads)
         from storage import node_copy
 
-        self.cfg, self.weights = cfg, weights
-        self.poll_s = cfg.service.weight_poll_s if poll_s is None else poll_s
+        self.cfg = cfg
         policy_path = node_copy(policy_path)  # a stored policy (cluster.storage): this node's copy
         self.tokenizer = AutoTokenizer.from_pretrained(policy_path)
         self.counts = {"ig_version_mismatch": 0, "ig_values": 0, "weight_loads": 0,
                        "prm_values": 0, "scored": 0}
-        self._last_poll = 0.0
         self.ig = None
         if cfg.ig is not None:
             from rewards.ig_scorer import IGScorer
@@ -100,8 +88,7 @@ class ModelScorer:
             # (0 for a run's start; a checkpoint's step when scoring offline).
             self.ig = IGScorer(model, self.tokenizer, cfg.ig, version=initial_version)
             initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            self._held: OrderedDict[int, tuple[Any, Any]] = OrderedDict(
-                {initial_version: (_Identity, initial)})
+            self._held: OrderedDict[int, WeightHandle] = OrderedDict({initial_version: InMemoryWeights(initial)})
         self.prm = None
         if isinstance(cfg.prm, PRMConfig):
             from rewards.prm import ProcessRewardModel, retokenizer
@@ -115,30 +102,26 @@ class ModelScorer:
             self._convert = retokenizer(self.tokenizer, self.prm.tokenizer)
 
     # -- weights ---------------------------------------------------------------------------
-    def poll_weights(self, force: bool = False) -> int | None:
-        """Take a newly published version's handle, if any; returns the newest held version."""
+    def update_weights(self, version: int, handle: WeightHandle) -> int:
+        """The weight sync's push: hold ``version`` (its tensors are fetched only when a
+        trajectory needs them), the oldest beyond ``ig.keep_versions`` let go; returns the
+        newest version held."""
         if self.ig is None:
-            return None
-        now = time.monotonic()
-        if self.weights is not None and (force or now - self._last_poll >= self.poll_s):
-            self._last_poll = now
-            got = self.weights.latest(max(self._held))
-            if got is not None:
-                self._held[got[0]] = (self.weights, got[1])
-                while len(self._held) > self.cfg.ig.keep_versions:
-                    self._held.popitem(last=False)
+            return version
+        if version > max(self._held):
+            self._held[version] = handle
+            while len(self._held) > self.cfg.ig.keep_versions:
+                self._held.popitem(last=False)
         return max(self._held)
 
     def _load(self, version: int) -> None:
         if self.ig.version == version:
             return
-        source, handle = self._held[version]
-        state = source.fetch(handle)
-        missing, unexpected = self.ig.model.load_state_dict(dict(state), strict=False)
-        tied = {"lm_head.weight"} if self.ig.model.config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"weights v{version} do not fit the IG model: missing={missing} "
-                               f"unexpected={unexpected}")
+        state = _fetch(self._held[version])
+        model = self.ig.model
+        check_fits(shapes_of(model.state_dict()), shapes_of(state), version,
+                   bool(model.config.tie_word_embeddings), "the IG model")
+        model.load_state_dict(state, strict=False)
         self.ig.version = version
         self.counts["weight_loads"] += 1
 
@@ -154,9 +137,7 @@ class ModelScorer:
     def score_ig(self, trajs: Sequence[Trajectory]) -> list[SourceResult]:
         """IG per trajectory, each with its behaviour version when held (grouped by version
         so each version's weights are loaded once per batch)."""
-        # A behaviour version newer than any held one is on the broker already (the rollout
-        # got it there), so skip the poll throttle for it.
-        newest = self.poll_weights(force=any(_behaviour_version(t) > max(self._held) for t in trajs))
+        newest = max(self._held)
         out: dict[int, SourceResult] = {}
         by_version: dict[int, list[int]] = {}
         for i, traj in enumerate(trajs):

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PUSHED = ("the learner's weight sync (learner.weights.WeightSync) pushes each new version to every engine "
+          "and model scorer, and replay admits for a version only once they serve it (docs/engines.md)")
+
+
+def refuse_removed(data: Any, section: str, removed: dict[str, str]) -> Any:
+    """A ``mode="before"`` validator's body: a config naming a key this section no longer has
+    gets an error naming the key and why it went, instead of "unknown key"."""
+    if isinstance(data, dict):
+        gone = [f"{section}.{key} was removed: {why}; delete it from the config"
+                for key, why in removed.items() if key in data]
+        if gone:
+            raise ValueError("; ".join(gone))
+    return data
+
+
+ENGINE_REMOVED = {"weight_poll_s": f"engines no longer poll for weights: {PUSHED}"}
+ROLLOUT_REMOVED = {"wave_hold_s": f"engines no longer hold a wave's weights version: {PUSHED}"}
 
 
 class EngineGroupConfig(BaseModel):
@@ -38,14 +56,17 @@ class EngineGroupConfig(BaseModel):
     flight continue on the new weights and record the version change (no request waits).
     ``between_batches``: only when no batch is running, so every completion has one version
     (updates wait for in-flight requests to finish)."""
-    weight_poll_s: float = Field(0.2, gt=0)
-    """Seconds between an engine's polls of the learner's weight broker."""
     max_restarts: int = Field(3, ge=0)
     """Times Ray starts a dead engine actor again (a crash, a lost node). The new one pins
-    its cores and loads the newest published weights before it serves; requests that were in
+    its cores and loads the newest published version (from the weight sync) before it serves; requests that were in
     flight on the dead one fail, ending their episodes with an error (their rewards are
     missing, handled by ``rewards.on_missing``). Always 0 with ``rollout.weights.transport:
     broadcast``: a restarted engine cannot rejoin the learner's broadcast group."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        return refuse_removed(data, "rollout.engine", ENGINE_REMOVED)
 
     def gpus_per_engine(self) -> float:
         """GPUs one engine counts against a tenant's quota: the ``num_gpus`` Ray gives it (a
@@ -182,6 +203,11 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        return refuse_removed(data, "rollout", ROLLOUT_REMOVED)
+
     num_workers: int = Field(1, ge=1)
     """Rollout actors."""
     max_restarts: int = Field(3, ge=0)
@@ -204,12 +230,8 @@ class RolloutConfig(BaseModel):
     """When an async actor starts new groups. ``continuous``: whenever one ends and
     admission allows, so its episodes run at different stages. ``waves``: only when all of
     its groups in flight have ended, as sync mode does, so their turns share batches in step
-    (less padding) and run on one weights version: the engines hold the version the wave
-    started on (``wave_hold_s``)."""
-    wave_hold_s: float = Field(30.0, ge=0)
-    """``waves``: longest the engines keep a wave's weights version, loading the newer ones
-    at the next wave's start; a wave still running then continues on whatever the engines
-    load (live traffic on the same engines gets new weights at the latest then too)."""
+    (less padding). Either way the engines load each new version when the weight sync pushes
+    it, mid-episode included (the tokens record their versions)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; behaviour log-probs are of this tempered distribution."""
     top_p: float = Field(1.0, gt=0, le=1)

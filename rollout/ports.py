@@ -50,25 +50,25 @@ class ActorPorts:
             raise SubmitLost(f"group {group.group_id}: the reward service died ({type(exc).__name__})") from exc
 
 
-class BrokerWeightSource:
-    """The learner's weight broker as an engine's weight source: newer versions come back as
-    object-store handles, fetched by the engine only when it loads them. The broker is found
-    by its actor name on first use: an engine actor built with a name rather than a handle
-    holds nothing in the object store that Ray would need to start it again."""
+class WeightSyncSource:
+    """The learner's weight sync (``learner.weights.WeightSync``) as a restarted engine's
+    ``catch_up`` source: the newest (version, handle), loaded once before the engine serves.
+    Found by its actor name on first use: an engine actor built with a name rather than a
+    handle holds nothing in the object store that Ray would need to start it again."""
 
-    def __init__(self, broker_name: str) -> None:
-        self.broker_name = broker_name
-        self._broker: Any = None
+    def __init__(self, sync_name: str) -> None:
+        self.sync_name = sync_name
+        self._sync: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"broker_name": self.broker_name, "_broker": None}
+        return {"sync_name": self.sync_name, "_sync": None}
 
-    async def latest(self, have: int) -> tuple[int, WeightHandle] | None:
-        if self._broker is None:
+    async def latest(self) -> tuple[int, WeightHandle] | None:
+        if self._sync is None:
             import ray
 
-            self._broker = ray.get_actor(self.broker_name)
-        return await self._broker.latest.remote(have)
+            self._sync = ray.get_actor(self.sync_name)
+        return await self._sync.latest.remote()
 
 
 class ActorEnvPort:

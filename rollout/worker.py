@@ -1,17 +1,17 @@
 """The rollout worker: many concurrent episodes on the engine service, complete groups handed on.
 
 Plain Python; the driver wraps it with ``ray.remote``. It holds an engine client (the run's
-engine group, shared with the live gateway; or an in-process engine in tests); the engines
-follow the learner's weights themselves. In async mode ``run()`` loops until stopped: it asks
-replay for admission, starts groups and submits finished ones, never waiting for the learner.
-``collect()`` is the sync-mode counterpart and ``evaluate()`` scores held-out tasks; both first
-bring the engines to the newest weights.
+engine group, shared with the live gateway; or an in-process engine in tests); the learner's
+weight sync pushes new weights to the engines, and replay admits groups for a version only once
+the engines serve it, so nothing here touches weights. In async mode ``run()`` loops until
+stopped: it asks replay for admission, starts groups and submits finished ones, never waiting
+for the learner. ``collect()`` is the sync-mode counterpart and ``evaluate()`` scores held-out
+tasks, both with the weights the engines serve (the driver settles the weight sync first).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import uuid
 from typing import Any
@@ -26,7 +26,6 @@ from rollout.ports import RolloutPorts, SubmitLost
 from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
 
-log = logging.getLogger(__name__)
 WAVE_WAIT_S = 0.25
 """Longest one admission wait of a wave; the loop then checks ``stop()`` and asks again."""
 
@@ -114,17 +113,6 @@ class RolloutWorker:
                 # A wave waits in replay for room (woken when the learner publishes), so it
                 # starts then, not at the next 50 ms poll, which no other group would hide.
                 granted = await self.ports.reserve(want, WAVE_WAIT_S if waves else 0.0) if want > 0 else 0
-                if granted:
-                    # Admission counted from the learner's newest version, published before
-                    # replay saw it; an engine still on the one before (until its next poll)
-                    # would make these groups a version staler than admitted, and replay
-                    # refuses them at put after all their generation (bench/pipeline.py: 4 of
-                    # 68 groups, and the batches waiting on their replacements).
-                    try:
-                        await self.engine.sync_weights(self.cfg.wave_hold_s if waves else 0.0)
-                    except Exception:  # noqa: BLE001 - an engine died: its follower catches up
-                        log.warning("rollout: could not sync engine weights; starting the groups anyway",
-                                    exc_info=True)
                 active |= {asyncio.create_task(self._produce_one()) for _ in range(granted)}
                 if not active:
                     if not waves:  # a wave's reserve has waited already
@@ -141,15 +129,14 @@ class RolloutWorker:
         return dict(self._counts)
 
     async def collect(self, n_groups: int) -> int:
-        """Sync mode: generate and submit ``n_groups`` with the newest weights; returns count."""
-        await self.engine.sync_weights()
+        """Sync mode: generate and submit ``n_groups`` with the weights the engines serve (the
+        learner's newest: the driver settles the weight sync first); returns count."""
         granted = await self.ports.reserve(n_groups)
         await asyncio.gather(*[self._produce_one() for _ in range(granted)])
         return granted
 
     async def evaluate(self, tasks: list[Task], samples: int, temperature: float) -> list[dict[str, Any]]:
-        """Success per task (mean over ``samples``) with the newest weights."""
-        await self.engine.sync_weights()
+        """Success per task (mean over ``samples``) with the weights the engines serve."""
         params = self._params(temperature)
         return list(await asyncio.gather(*[self.score_task(t, samples, params) for t in tasks]))
 

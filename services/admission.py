@@ -172,7 +172,7 @@ def demand(cfg: RunConfig) -> dict[str, float]:
     sc, ro = cfg.rewards.service, cfg.rollout
     scorers, judges = reward_pools(cfg)
     cpus = run_cpus(cfg) + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus
-    # replay, weight broker and reward service, plus the learner's ranks, the pools, engines
+    # replay, weight sync and reward service, plus the learner's ranks, the pools, engines
     # and gateway
     actors = (3 + cfg.learner.world_size + ro.num_workers + ro.env_actors.count + scorers + judges
               + ro.engine.count + cfg.live.enabled)

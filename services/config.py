@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -180,13 +180,20 @@ class LimitsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        from rollout.config import PUSHED, refuse_removed
+
+        return refuse_removed(data, "limits", {"min_poll_s": f"nothing polls for weights any more: {PUSHED}"})
+
     max_concurrent_runs: int = Field(4, ge=1)
     """Runs pending, running or stopping at once (429 beyond)."""
     max_steps: int = Field(100_000, ge=1)
     """Largest ``train.steps`` (422 beyond)."""
     max_actors: int = Field(32, ge=1)
     """Most Ray actors one run may start (rollout workers, env actors, learner, replay, reward
-    service, weight broker, reward scorers and judges)."""
+    service, weight sync, reward scorers and judges)."""
     max_cpus: float = Field(16.0, gt=0)
     """Most Ray CPUs one run's actors may reserve together."""
     max_gpus: int = Field(0, ge=0)
@@ -214,12 +221,10 @@ class LimitsConfig(BaseModel):
     max_threads: int = Field(8, ge=1)
     """Largest ``torch_threads`` of any actor (rollout, engine, learner, reward scorers)."""
     max_wait_s: float = Field(3_600.0, gt=0)
-    """Longest timeout or wait any setting asks for (``*_timeout_s``, ``wave_hold_s``,
+    """Longest timeout or wait any setting asks for (``*_timeout_s``,
     ``retry_s``, ``batch_wait_ms``, ``join_wait_ms``...): a wait holds its resources idle."""
     max_restarts: int = Field(10, ge=0)
     """Most restarts any actor kind may have (``*.max_restarts``, ``cluster.service_max_restarts``)."""
-    min_poll_s: float = Field(0.05, ge=0)
-    """Shortest ``weight_poll_s`` (engines, reward service): a shorter poll is a busy loop."""
     max_memory_gib: float = Field(16.0, gt=0)
     """Most memory the run's settings reserve together: engine KV caches (``count`` x vLLM
     ``cpu_kv_cache_gib`` or hf ``prefix_cache_mib``), ``replay.capacity_bytes`` and

@@ -50,7 +50,7 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "LearnerConfig.torch_threads", "ServiceConfig.torch_threads")},
     # how long something may hold its resources while waiting
     **{f: ("max_wait_s", 1) for f in (
-        "RolloutConfig.restart_timeout_s", "RolloutConfig.wave_hold_s", "WeightSyncConfig.timeout_s",
+        "RolloutConfig.restart_timeout_s", "WeightSyncConfig.timeout_s",
         "ReplayConfig.put_timeout_s", "ReplayConfig.connect_timeout_s", "ReplayConfig.socket_timeout_s",
         "ReplayConfig.retry_s", "LearnerConfig.claim_timeout_s", "LiveConfig.feedback_timeout_s",
         "LiveConfig.close_after_feedback_s", "LiveConfig.retry_after_s", "JudgeConfig.timeout_s")},
@@ -59,9 +59,6 @@ BUDGETS: dict[str, tuple[str, float]] = {
     **{f: ("max_restarts", 1) for f in (
         "RolloutConfig.max_restarts", "HFEngineConfig.max_restarts", "VLLMEngineConfig.max_restarts",
         "EnvActorsConfig.max_restarts", "LearnerConfig.max_restarts", "ClusterConfig.service_max_restarts")},
-    # a short poll interval is a busy loop
-    **{f: ("min_poll_s", 1) for f in (
-        "HFEngineConfig.weight_poll_s", "VLLMEngineConfig.weight_poll_s", "ServiceConfig.weight_poll_s")},
     # memory: summed by memory_gib (checked against max_memory_gib there)
     **{f: ("max_memory_gib", 1) for f in (
         "VLLMEngineConfig.cpu_kv_cache_gib", "HFEngineConfig.prefix_cache_mib", "ReplayConfig.capacity_bytes",

@@ -1,7 +1,7 @@
 """``cluster.cpu_affinity``: a run that starts its own Ray puts Ray's daemons and the actors
 without a core setting of their own (reward, environments, replay) on the cores named, while the
 learner keeps its own; refused where it cannot hold (Ray already running, a joined cluster).
-``cluster.services_cpu_affinity`` moves the run's services (replay host, weight broker, reward
+``cluster.services_cpu_affinity`` moves the run's services (replay host, weight sync, reward
 front) off those cores."""
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ def test_a_local_cluster_runs_its_glue_on_the_cores_named(tiny_policy, policy_ca
     placement = json.loads((tmp_path / "split" / "placement.json").read_text())
     cpus = {role: [a["cpus"] for a in actors] for role, actors in placement.items()}
     assert cpus["learner"] == [[1]]
-    assert all(c == [0] for role in ("replay", "broker", "reward", "env", "engine", "rollout") for c in cpus[role]), cpus
+    assert all(c == [0] for role in ("replay", "weights", "reward", "env", "engine", "rollout") for c in cpus[role]), cpus
     assert cpus["env"], "the run had an environment actor to check"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a core split needs two cores")
 def test_the_services_run_on_their_own_cores(tiny_policy, tiny_run_config, ray_cluster, tmp_path) -> None:
-    """Replay host, weight broker and reward front on the services' cores; the environment
+    """Replay host, weight sync and reward front on the services' cores; the environment
     actors (no core setting of their own) stay where the cluster put them."""
     from cluster.actors import start_actors
 
@@ -53,7 +53,7 @@ def test_the_services_run_on_their_own_cores(tiny_policy, tiny_run_config, ray_c
     finally:
         actors.release()
     cpus = {role: [a["cpus"] for a in found] for role, found in placement.items()}
-    assert cpus["replay"] == cpus["broker"] == cpus["reward"] == [[1]], cpus
+    assert cpus["replay"] == cpus["weights"] == cpus["reward"] == [[1]], cpus
     assert cpus["rollout"] == [[0]] and cpus["env"] == [sorted(os.sched_getaffinity(0))], cpus
 
 

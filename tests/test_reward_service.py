@@ -1,6 +1,6 @@
 """The reward service: per-source turn rewards, IG weight following with versions, missing
 rewards flagged (never zero) and masked by the learner, and the service end to end on Ray
-with a real replay actor and weight broker.
+with a real replay actor and weight sync.
 
 Episodes are real: gold and wrong actions played through the built-in search-QA environment
 with the tiny policy's tokenizer (``rewards.prm_data.play_labelled``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from rollout.engines.transport import ObjectStoreWeights
+from rollout.engines.transport import InMemoryWeights, ObjectStoreWeights
 from types import SimpleNamespace
 
 import numpy as np
@@ -56,20 +56,6 @@ def group_of(gid: str, *trajs: Trajectory) -> Group:
     for t in trajs:
         t.group_id = gid
     return Group(group_id=gid, task_id=trajs[0].task_id, trajectories=list(trajs))
-
-
-class Published:
-    """In-process weight publishing (the WeightSource protocol the broker adapter also meets)."""
-
-    def __init__(self) -> None:
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-
-    def latest(self, have: int):
-        v = max(self.states, default=0)
-        return (v, self.states[v]) if v > have else None
-
-    def fetch(self, handle):
-        return handle
 
 
 def perturbed_state(model, seed: int) -> dict[str, torch.Tensor]:
@@ -130,15 +116,14 @@ def test_outcome_match_ig_each_in_its_own_slot(policy) -> None:
     assert stats["missing"] == {} and stats["ig_version_mismatch"] == 0
 
 
-def test_ig_follows_published_weights_and_counts_mismatch(policy) -> None:
+def test_ig_follows_pushed_weights_and_counts_mismatch(policy) -> None:
     from rewards.scorer import ModelScorer
 
     cfg = RewardsConfig(ig=IGConfig(keep_versions=2))
-    published = Published()
-    scorer = ModelScorer(cfg, policy.path, published, poll_s=0.0)
+    scorer = ModelScorer(cfg, policy.path)
     service = RewardService(cfg, None, [LocalScorer(scorer)])
     v1 = perturbed_state(policy.model, 1)
-    published.states[1] = v1
+    assert scorer.update_weights(1, InMemoryWeights(v1)) == 1  # the weight sync's push
     old, new = episode(policy, 2, True, version=0), episode(policy, 2, True, version=1)
 
     async def both() -> None:  # one batch: each trajectory gets its own behaviour version
@@ -153,7 +138,7 @@ def test_ig_follows_published_weights_and_counts_mismatch(policy) -> None:
     # v2 published: keep_versions=2 holds {1, 2}; a v0 group is scored with the newest (v2)
     # and each of its IG values counts as a version mismatch.
     v2 = perturbed_state(policy.model, 2)
-    published.states[2] = v2
+    assert scorer.update_weights(2, InMemoryWeights(v2)) == 2
     stale = episode(policy, 2, True, version=0)
     asyncio.run(service.score_group(group_of("c", stale)))
     assert {t.reward_versions["ig"] for t in stale.turns[:-1]} == {2}
@@ -268,8 +253,9 @@ def test_learner_trains_a_batch_whose_rollouts_all_answered_in_their_first_turn(
 @pytest.mark.slow
 def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_run_config, tmp_path) -> None:
     ray = ray_cluster
-    from cluster.reward_service import check_cpus, start_reward_service
-    from learner.weights import WeightBroker
+    from cluster.reward_service import check_cpus, start_reward_service, start_scorers
+    from cluster.weight_sync import ActorWeightTarget
+    from learner.weights import WeightSync
     from replay.host import ACTOR_THREADS, ReplayHost
     from rewards.prm import ProcessRewardModel, prm_input
 
@@ -280,14 +266,15 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
     with pytest.raises(RuntimeError, match="needs 2.25 Ray CPUs with 1 reward scorer"):
         check_cpus(tiny_run_config(), 1, 0)  # 0.5 rollout + 1 learner + 0.25 x 3 > 2
     replay = ray.remote(ReplayHost).options(num_cpus=0.1, max_concurrency=ACTOR_THREADS).remote(cfg.replay, 1, str(tmp_path), "t")
-    broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
-    reward = start_reward_service(cfg, replay, broker, policy.path)
+    scorers = start_scorers(cfg, policy.path)
+    reward = start_reward_service(cfg, replay, policy.path, scorers=scorers)
+    sync = ray.remote(WeightSync).options(num_cpus=0).remote([], [ActorWeightTarget(s, True) for s in scorers])
     g1 = group_of("g1", episode(policy, 4, False), episode(policy, 4, True))
     g2 = group_of("g2", episode(policy, 5, True), episode(policy, 5, False))
     puts = ray.get([reward.submit.remote(g1), reward.submit.remote(g2)])
     assert [p.status for p in puts] == ["accepted", "accepted"]
     v1 = perturbed_state(policy.model, 3)
-    ray.get(broker.publish.remote(1, ObjectStoreWeights.put(v1)))
+    ray.get(sync.publish.remote(1, ObjectStoreWeights.put(v1)))  # pushed to the scorers
     g3 = group_of("g3", episode(policy, 6, True, version=1))
     assert ray.get(reward.submit.remote(g3)).status == "accepted"
     stats = ray.get(reward.stats.remote())
@@ -309,7 +296,7 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
     assert stats["put"] == {"accepted": 3} and stats["ig_version_mismatch"] == 0
     assert stats["missing"] == {} and stats["queue_groups"] == 0 and stats["batches"] <= 3
     assert not math.isnan(stats["mean_batch_trajectories"])
-    for actor in (reward, replay, broker):
+    for actor in (reward, replay, sync, *scorers):
         ray.kill(actor)
 
 

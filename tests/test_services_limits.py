@@ -54,8 +54,7 @@ def errors(body: dict, **limits: Any) -> dict[str, str]:
     ({"rollout": {"engine": {"join_wait_ms": 4e6}}}, "rollout.engine.join_wait_ms",  # ms against a limit in s
      "4000000 is over limits.max_wait_s=3600"),
     ({"cluster": {"service_max_restarts": 1000}}, "cluster.service_max_restarts", "1000 is over limits.max_restarts=10"),
-    ({"rollout": {"engine": {"weight_poll_s": 1e-6}}}, "rollout.engine.weight_poll_s",
-     "1e-06 is below limits.min_poll_s=0.05"),
+    ({"rollout": {"weights": {"timeout_s": 86400}}}, "rollout.weights.timeout_s", "86400 is over limits.max_wait_s=3600"),
 ])
 def test_each_number_falls_under_its_named_limit(body: dict, loc: str, msg: str) -> None:
     assert errors(body) == {loc: f"{msg} for tenant 'alice'"}

@@ -28,7 +28,7 @@ def _config(tiny_run_config, tmp_path, name: str, extra: list[str]):
 def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_policy, ray_cluster,
                                                          tmp_path) -> None:
     """One run with Redis replay and every restartable component (IG scorer, environment
-    actor, two rollout actors, the engine, replay host, weight broker, checkpoints every
+    actor, two rollout actors, the engine, replay host, weight sync, checkpoints every
     step), killed one after another, a step apart:
 
     - the scorer's in-flight batch gets missing rewards (handled by ``rewards.on_missing``);
@@ -37,7 +37,7 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
       their reservations released;
     - rollout actor 0's reservations come back through replay's ledger, its in-flight groups
       counted lost (``rollout/lost_groups``);
-    - the engine is started again by Ray and loads the newest published weights before it
+    - the engine is started again by Ray and loads the weight sync's newest version before it
       serves (one back on the initial weights would make every group stale: no step would
       follow), its requests in flight ending their episodes with an error;
     - redis-server is started again on its port from its append-only file (every write was
@@ -45,8 +45,8 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     - the replay host is started again by Ray (callers' calls wait and are re-sent); it takes
       over the embedded redis-server (a clean restart on the same port) and finds the groups
       there;
-    - the weight broker is started again by Ray and the learner publishes its current weights
-      to it at once;
+    - the weight sync is started again by Ray and the learner publishes its current weights
+      to it at once (a push in flight is re-sent by Ray, its acknowledgement run once by Redis);
     - the learner restarts from its step checkpoint inside the run, versions moving forward.
 
     The run trains all its steps, every group that reached replay once or still held there at
@@ -55,7 +55,7 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     # while a kill waits for its victim's new process and the next step (a rollout actor's
     # restart took 31 s on a machine loaded 5x over its 2 cores, and the run ran 5 steps ahead
     # of the kills with 12 steps), and a run that has ended restarts nothing. The engine,
-    # replay host, broker and learner killed are the run's own (placement.json), not the first
+    # replay host, weight sync and learner killed are the run's own (placement.json), not the first
     # process of that class found on the machine.
     steps = 16
     cfg = _config(tiny_run_config, tmp_path, "survive", [
@@ -64,7 +64,7 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
         "rollout.num_cpus=0.1", "learner.checkpoint_every=1", "replay.type=redis", "replay.url=embedded"])
     kills = [actor("ModelScorer"), actor("EnvHost"), actor("RewardService"), actor("RolloutWorker", "rollout"),
              actor("EngineServer", "engine"), redis_server(Path(cfg.output_dir) / cfg.name),
-             actor("ReplayHost", "replay"), actor("WeightBroker", "broker"), actor("LearnerWorker", "learner")]
+             actor("ReplayHost", "replay"), actor("WeightSync", "weights"), actor("LearnerWorker", "learner")]
     result, recovery, run_dir, stages = run_killing(cfg, kills)
     print("".join(f"\n  {s}" for s in stages if "restarted" in s or "died" in s))
     for title, (restart_s, step_s) in recovery.items():
@@ -79,12 +79,12 @@ def test_a_run_survives_kill_9_of_each_component_in_turn(tiny_run_config, tiny_p
     print(f"  dropped with the reward front: {last['rollout/dropped_groups']:.0f}; lost with rollout actor 0: "
           f"{last['rollout/lost_groups']:.0f}; reservations held at the end: {last['replay/running']:.0f}")
     assert last["replay/running"] <= 2 * cfg.rollout.groups_in_flight  # nothing leaked
-    # The replay host's and the broker's deaths spent none of the learner's restarts.
+    # The replay host's and the weight sync's deaths spent none of the learner's restarts.
     assert sum(s.startswith("learner rank") for s in stages) == 1
     assert any("learner rank 0 died" in s and "restarted from step" in s for s in stages)
     assert any("rollout worker 0 died" in s for s in stages)
     assert any(s.startswith("replay host died") and "restarted" in s for s in stages)
-    assert any(s.startswith("weight broker died") and "published version" in s for s in stages)
+    assert any(s.startswith("weight sync died") and "published version" in s for s in stages)
     _rates_match_their_counts(rows, result.timings["train_s"])
     _replay_accounts_for_every_group(cfg, run_dir, trained)
 

@@ -147,17 +147,17 @@ def test_an_interrupted_learner_stops_waiting_and_still_checkpoints(tiny_policy,
     from cluster.actors import learner_actor_class
     from learner.config import LearnerConfig
     from learner.ports import ActorLearnerPorts
-    from learner.weights import WeightBroker
+    from learner.weights import WeightSync
     from learner.worker import LearnerWorker
     from replay.config import ReplayConfig
     from replay.host import ACTOR_THREADS, ReplayHost
 
     ray = ray_cluster
     replay = ray.remote(ReplayHost).options(num_cpus=0, max_concurrency=ACTOR_THREADS).remote(ReplayConfig(), 2, str(tmp_path), "interrupt")
-    broker = ray.remote(WeightBroker).options(num_cpus=0).remote()
+    sync = ray.remote(WeightSync).options(num_cpus=0).remote([])
     learner = learner_actor_class(LearnerWorker).options(num_cpus=0.5).remote(
         LearnerConfig(batch_groups=2, claim_timeout_s=600), tiny_policy[0], str(tmp_path),
-        ActorLearnerPorts(replay, broker), group_size=2, temperature=1.0)
+        ActorLearnerPorts(replay, sync), group_size=2, temperature=1.0)
     try:
         step = learner.train_step.remote()
         ray.get(learner.get_version.options(concurrency_group="control").remote())  # constructed
@@ -170,5 +170,5 @@ def test_an_interrupted_learner_stops_waiting_and_still_checkpoints(tiny_policy,
         assert time.monotonic() - t0 < 60 and path.endswith("step_000000")
         assert json.loads((tmp_path / "state.json").read_text())["step"] == 0
     finally:
-        for actor in (learner, replay, broker):
+        for actor in (learner, replay, sync):
             ray.kill(actor)

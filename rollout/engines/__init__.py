@@ -38,12 +38,12 @@ def make_engine(cfg: Any, model_path: str, seed: int = 0) -> Engine:
     return factory(cfg, model_path, seed)
 
 
-def local_client(cfg: Any, model_path: str, seed: int = 0, weights: Any = None) -> Any:
+def local_client(cfg: Any, model_path: str, seed: int = 0) -> Any:
     """An engine in this process behind the client interface (tests, benches, tools)."""
     from rollout.engines.client import LocalEngineClient
     from rollout.engines.server import EngineServer
 
-    return LocalEngineClient(EngineServer(cfg, model_path, seed, weights))
+    return LocalEngineClient(EngineServer(cfg, model_path, seed))
 
 
 __all__ = ["Completion", "Engine", "SamplingParams", "ENGINES", "make_engine", "local_client"]

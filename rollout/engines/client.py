@@ -4,8 +4,9 @@
 tools). ``RayEngineClient`` spreads requests over a group of engine actors
 (``rollout.engines.server.EngineServer``): least outstanding requests first, and one engine per
 live session so its requests reuse that engine (prefix caches, vLLM's included). Control calls
-(pause, resume, update_weights) go to every engine of the group. The client never imports Ray:
-it calls ``.remote`` on the handles it was given.
+(pause, resume, update_weights) go to every engine of the group; in a run the weight sync pushes
+to each engine actor itself (a push one dead engine fails must still reach the others). The
+client never imports Ray: it calls ``.remote`` on the handles it was given.
 """
 
 from __future__ import annotations
@@ -64,13 +65,6 @@ class EngineClient(ABC):
         """Load a version into every engine; returns the lowest version now serving."""
 
     @abstractmethod
-    async def sync_weights(self, hold_s: float = 0.0) -> int:
-        """Make every engine adopt the newest published weights now; returns the lowest
-        version serving (for evaluations that must use the newest policy). With ``hold_s``
-        the engines keep that version, loading no newer one, for up to ``hold_s`` or until
-        the next sync (``EngineServer.sync_weights``)."""
-
-    @abstractmethod
     async def stats(self) -> list[dict[str, float]]:
         """Per-engine counters."""
 
@@ -85,8 +79,8 @@ class EngineClient(ABC):
 
 class LocalEngineClient(EngineClient):
     """An ``EngineServer`` in this process, without Ray (tests, benches, tools): the same
-    verbs and weight following as an engine actor. ``server.weights`` (optional) is a weight
-    source, ``latest(have) -> (version, WeightHandle) | None``, awaited by ``sync_weights``."""
+    verbs as an engine actor; weights arrive through ``update_weights`` (a caller's, or a
+    ``learner.weights.WeightSync`` in the same process)."""
 
     def __init__(self, server: Any) -> None:
         self.server = server
@@ -123,9 +117,6 @@ class LocalEngineClient(EngineClient):
 
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
         return await self.server.update_weights(version, handle)
-
-    async def sync_weights(self, hold_s: float = 0.0) -> int:
-        return await self.server.sync_weights(hold_s)
 
     async def stats(self) -> list[dict[str, float]]:
         return [self.server.stats()]
@@ -236,11 +227,6 @@ class RayEngineClient(EngineClient):
 
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
         low = min(await self._all("update_weights", version, handle))
-        self._seen(low)
-        return low
-
-    async def sync_weights(self, hold_s: float = 0.0) -> int:
-        low = min(await self._all("sync_weights", hold_s))
         self._seen(low)
         return low
 

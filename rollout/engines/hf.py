@@ -43,7 +43,7 @@ from rollout.engines.base import (Chunk, Completion, Engine, SamplingParams, add
 from rollout.engines.kv_cache import append_rows, growing_cache, select_rows
 from rollout.engines.prefix_cache import LayerKV, PrefixCache
 from rollout.engines.sampling import RowSampler
-from rollout.engines.transport import WeightHandle
+from rollout.engines.transport import WeightHandle, check_fits, shapes_of
 
 _PAUSE_POLL_S = 0.005
 
@@ -188,12 +188,8 @@ class HFEngine(Engine):
             self._staged_lock.release()
 
     def _check_fits(self, state: Mapping[str, Any], version: int) -> None:
-        have = set(self.model.state_dict())
-        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        missing, unexpected = sorted(have - set(state) - tied), sorted(set(state) - have)
-        if missing or unexpected:
-            raise ValueError(f"weights v{version} do not fit the engine's model: "
-                             f"missing={missing[:5]} unexpected={unexpected[:5]}")
+        check_fits(shapes_of(self.model.state_dict()), shapes_of(state), version,
+                   bool(self.model.config.tie_word_embeddings), "the engine's model")
 
     async def _load_staged(self) -> None:
         """Load staged weights on the decode thread (from the event loop): every forward pass

@@ -1,7 +1,7 @@
 """How new weights reach an engine: a handle the engine resolves when it loads a version.
 
 The learner publishes a handle, not tensors; the engine fetches through it at load time, so a
-handle is cheap to pass around (through the weight broker, to every engine of a group).
+handle is cheap to pass around (the weight sync pushes it to every engine and model scorer).
 Transports: in memory (in-process engines and tests), the Ray object store (CPU clusters), a
 safetensors file on a filesystem the engines share, and a bucketed broadcast from learner rank
 0 over a process group of its own (NCCL on GPUs, gloo on CPUs).
@@ -148,15 +148,12 @@ def plan_buckets(state: Mapping[str, Any], bucket_bytes: int) -> list[dict[str, 
 
 class BroadcastWeights(WeightHandle):
     """A version the learner broadcasts in buckets over a process group the engines joined
-    (``BroadcastGroup``: NCCL between GPUs, gloo on CPUs). The handle carries only the bucket
-    layout; receiving is a collective, so every engine of the group must receive each
-    version the learner sends (engines poll the broker for it)."""
+    at the run's start (``BroadcastGroup``: NCCL between GPUs, gloo on CPUs). The handle
+    carries only the bucket layout; receiving is a collective, so every engine of the group
+    must receive each version the learner sends (the weight sync pushes each to all of them)."""
 
-    def __init__(self, layout: list[dict[str, Any]], init: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, layout: list[dict[str, Any]]) -> None:
         self.layout = layout
-        self.init = dict(init) if init is not None else None
-        """The group to receive on (host, port, world_size, backend): an engine that has not
-        joined it yet joins as its own rank first."""
 
     def layout_entries(self) -> list[dict[str, Any]]:
         return [e for b in self.layout for e in b["entries"]]
@@ -217,3 +214,27 @@ class BroadcastGroup:
             self.pg.broadcast(flat, 0).wait()
             for e in b["entries"]:
                 yield e["name"], flat[e["offset"]:e["offset"] + e["numel"]].view(e["shape"])
+
+
+TIED_HEAD = "lm_head.weight"
+"""The output head a model with tied embeddings shares with its input embedding: checkpoints
+and published state dicts may leave it out (``write_safetensors`` writes shared storage once)."""
+
+
+def check_fits(want: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]], version: int,
+               tied: bool, where: str) -> None:
+    """The one rule for "do these weights fit this model" (engines and model scorers): the same
+    parameter names with the same shapes; only the output head of a model with tied embeddings
+    may be missing. ``want``/``got``: name -> shape of the model ``where`` serves and of the
+    published version. Raises before anything is loaded, so no request sees a half-loaded model."""
+    missing = sorted(set(want) - set(got) - ({TIED_HEAD} if tied else set()))
+    unexpected = sorted(set(got) - set(want))
+    wrong = sorted(k for k in set(want) & set(got) if tuple(want[k]) != tuple(got[k]))
+    if missing or unexpected or wrong:
+        raise ValueError(f"weights v{version} do not fit {where}: missing={missing[:5]} "
+                         f"unexpected={unexpected[:5]} wrong_shape={wrong[:5]}")
+
+
+def shapes_of(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of a state dict (tensors or arrays)."""
+    return {k: tuple(v.shape) for k, v in state.items()}

@@ -39,7 +39,8 @@ from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
 from rollout.config import VLLMEngineConfig
 from rollout.cores import thread_policy_env
 from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id
-from rollout.engines.transport import BroadcastWeights, FileWeights, WeightHandle, write_safetensors
+from rollout.engines.transport import (TIED_HEAD, BroadcastWeights, FileWeights, WeightHandle, check_fits, shapes_of,
+                                       write_safetensors)
 
 T = TypeVar("T")
 _DONE = object()
@@ -91,8 +92,9 @@ class VLLMEngine(Engine):
         self.cfg, self.model_path, self.seed = cfg, model_path, seed
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._shapes = checkpoint_shapes(model_path)
-        if AutoConfig.from_pretrained(model_path).tie_word_embeddings:
-            self._shapes.setdefault("lm_head.weight", self._shapes["model.embed_tokens.weight"])
+        self._tied = bool(AutoConfig.from_pretrained(model_path).tie_word_embeddings)
+        if self._tied:
+            self._shapes.setdefault(TIED_HEAD, self._shapes["model.embed_tokens.weight"])
         self._version = 0
         self._user_paused = False
         self._open: set[str] = set()
@@ -319,21 +321,13 @@ class VLLMEngine(Engine):
             self._check_fits({e["name"]: tuple(e["shape"]) for e in handle.layout_entries()}, version)
             return "turnrl_receive_broadcast", handle.layout, lambda: None
         state = await handle.load()
-        self._check_fits({k: tuple(v.shape) for k, v in state.items()}, version)
+        self._check_fits(shapes_of(state), version)
         path = os.path.join(self._scratch.name, f"v{version}.safetensors")
         await asyncio.to_thread(write_safetensors, state, path)
         return "turnrl_load_file", path, lambda: os.unlink(path)
 
     def _check_fits(self, shapes: Mapping[str, tuple[int, ...]], version: int) -> None:
-        """Refuse weights whose names or shapes differ from the served model's, before any
-        request can see a half-loaded model."""
-        want = self._shapes
-        missing = sorted(set(want) - set(shapes) - {"lm_head.weight"})
-        unexpected = sorted(set(shapes) - set(want))
-        wrong = sorted(k for k in set(want) & set(shapes) if tuple(want[k]) != tuple(shapes[k]))
-        if missing or unexpected or wrong:
-            raise ValueError(f"weights v{version} do not fit the engine's model: missing={missing[:5]} "
-                             f"unexpected={unexpected[:5]} wrong_shape={wrong[:5]}")
+        check_fits(self._shapes, shapes, version, self._tied, "the engine's model")
 
     def stats(self) -> dict[str, float]:
         return {**self._stats, "open_requests": float(len(self._open)), "version": float(self._version)}
