@@ -1,4 +1,4 @@
-"""Limits count what a run really uses (issue 41 item 3): every number in a RunConfig that buys
+"""Limits count what a run really uses: every number in a RunConfig that buys
 CPU, memory or time is capped by a named service limit (services/limits.py), GPUs are counted
 as the engines shard them, and actors that reserve no GPU see none.
 
