@@ -8,8 +8,8 @@ acknowledges the batch; the new weights go into the engine, which samples the ne
 episodes with them. A real run overlaps generation and training (``train.async``), runs the
 parts as Ray actors, and pushes weights through a transport; the steps are these.
 
-    .venv/bin/python examples/reference_loop.py configs/demo.yaml --steps 5
-    .venv/bin/python examples/reference_loop.py --steps 3 --set rollout.group_size=4
+    .venv/bin/python examples/reference_loop.py configs/demo.yaml --steps 5   # make demo's cached warm start
+    .venv/bin/python examples/reference_loop.py configs/demo.yaml --steps 3 --set rollout.group_size=4
 """
 
 # ruff: noqa: E402 (the thread policy goes first, before torch loads)
