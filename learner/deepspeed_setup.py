@@ -68,6 +68,20 @@ def init_distributed(device: torch.device, dist: DistSpec | None = None) -> None
         deepspeed.init_distributed("nccl" if device.type == "cuda" else "gloo")
 
 
+def leave_distributed() -> None:
+    """Destroy this process's process group through DeepSpeed, which then drops the groups it
+    cached (a group of the destroyed world, kept, fails the next learner built in this
+    process: "Group ... is not registered")."""
+    from deepspeed.comm import comm  # the module: its ``cdb`` is current, the package's a copy
+
+    if not torch.distributed.is_initialized():
+        return
+    if comm.cdb is None:
+        torch.distributed.destroy_process_group()
+    else:
+        comm.destroy_process_group()
+
+
 def _skip_shm_comm() -> None:
     """A lone CPU rank has no peer to share memory with, yet DeepSpeed would compile its
     shared-memory all-reduce (~40 s of g++ on a fresh machine, before the first step):

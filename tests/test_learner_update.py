@@ -7,28 +7,15 @@ import torch
 
 from learner.config import LearnerConfig
 from rollout.trajectory import LiveOrigin, Trajectory, Turn, window_start
+from tests.dist_env import own_process_group
 
 pytestmark = pytest.mark.slow
-
-_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _own_process_group():
-    """The learner initialises torch.distributed in this process and exports MASTER_PORT;
-    later tests start learners in subprocesses that would inherit that port, already bound
-    here. Restore the environment and release the port when done."""
-    import os
-
-    saved = {k: os.environ.get(k) for k in _DIST_ENV}
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with own_process_group():
+        yield
 
 
 def _trajectories(history_turns: int | None) -> list[Trajectory]:

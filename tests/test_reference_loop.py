@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.dist_env import own_process_group
+
 pytestmark = pytest.mark.slow  # DeepSpeed in this process (~8 s), on the agent warm start (~85 s to build once)
 
 ROOT = Path(__file__).resolve().parents[1]
-_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 @pytest.fixture
@@ -24,18 +24,11 @@ def reference_loop():
     """The example as a module. Its learner joins a process group of one in this process and
     exports MASTER_PORT, which later tests' learner subprocesses would inherit, already bound
     here: the environment is restored and the group released afterwards."""
-    saved = {k: os.environ.get(k) for k in _DIST_ENV}
     spec = importlib.util.spec_from_file_location("reference_loop", ROOT / "examples" / "reference_loop.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    yield module
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with own_process_group():
+        yield module
 
 
 def test_reference_loop_trains_and_the_engine_serves_the_new_weights(reference_loop, agent_policy,
