@@ -21,7 +21,6 @@ Plain Python; the driver wraps it with ``ray.remote``. Stages of ``train_step`` 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.advantages import compute_advantages, read_sources
+from learner.advantages.assemble import batch_advantages, join_live
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
 from learner.checkpoints import commit_run_state, fetch_checkpoint, upload_checkpoint
@@ -223,66 +222,19 @@ class LearnerWorker:
         if self.rank == 0:
             self.ports.settle()
 
-    def _advantages(self, trajs: list[Trajectory], on_missing: str | None = None):
-        """Advantages and the turn mask. The estimator weighs and combines the run's reward
-        sources (``reward_weights``, from the RewardsConfig the learner was built with). A reward
-        the estimator reads that a scorer failed to give (``None``) is handled per ``on_missing``
-        (default: the run's ``rewards.on_missing``): ``mask_turn`` drops
-        that turn from every pool and the loss, ``skip_group`` drops the trajectory's whole
-        group, ``zero`` reads it as 0.0 (biased; for debugging)."""
-        # The run's reward sources and weights (RewardsConfig.trained_weights()); without a
-        # reward config, the estimator's own sources.
-        weights = self.reward_weights
-        needed = read_sources(self.cfg.estimator, weights)
-        # A column for every source read, even one no turn of this batch carries (IG in a batch
-        # of one-turn rollouts): the run checked at start that its reward stages produce them.
-        batch = turn_batch_from_trajectories(trajs, needed - {"outcome"})
-        mask = batch.mask.copy()
-        mode = on_missing or self.on_missing
-        if mode not in ("mask_turn", "skip_group", "zero"):
-            raise ValueError(f"on_missing {mode!r}; known: mask_turn, skip_group, zero")
-        # Failed scorers are explicit None values (a source absent from a turn is no failure).
-        src_failed = np.array([any(turn.rewards.get(s, 0.0) is None for s in needed if s != "outcome")
-                               for traj in trajs for turn in traj.turns], dtype=bool)
-        out_failed = np.array([("outcome" in needed and traj.outcome is None)
-                               for traj in trajs for _ in traj.turns], dtype=bool)
-        failed = src_failed | out_failed
-        if mode == "zero":
-            rewards = {k: np.where(src_failed & np.isnan(v), 0.0, v) if k in needed else v
-                       for k, v in batch.rewards.items()}
-            outcome = np.where(out_failed, 0.0, batch.outcome)
-            batch = dataclasses.replace(batch, rewards=rewards, outcome=outcome)
-        elif mode == "skip_group":
-            mask &= ~np.isin(batch.group_id, batch.group_id[failed])
-        else:
-            mask &= ~failed
-        if "outcome" in needed:
-            mask &= ~np.isnan(batch.outcome)
-        batch = dataclasses.replace(batch, mask=mask)
-        res = compute_advantages(batch, self.cfg.estimator, weights)
-        # The estimator may drop more turns (e.g. a rollout whose summed reward is NaN); those
-        # must leave the loss too, not train with advantage 0 and dilute the token mean.
-        return res, mask if res.mask is None else mask & res.mask
-
     def _all_advantages(self, trajs: list[Trajectory]
                         ) -> tuple[list[Trajectory], AdvantageResult, np.ndarray]:
-        """Scheduled groups through ``estimator``, live sessions through the running baseline
-        (``live_baseline``); returns the trajectories reordered (scheduled first) to match."""
+        """Scheduled groups through ``estimator`` (``learner.advantages.assemble``), live
+        sessions through the running baseline (``live_baseline``); returns the trajectories
+        reordered (scheduled first) to match."""
         sched = [t for t in trajs if t.live is None]
         live = [t for t in trajs if t.live is not None]
-        parts = [self._advantages(sched)] if sched else []
+        parts = [batch_advantages(sched, self.cfg.estimator, self.reward_weights, self.on_missing)] if sched else []
         if live:
             parts.append(self._live_advantages(live))
         if len(parts) == 1:
             return sched + live, *parts[0]
-        (a, mask_a), (b, mask_b) = parts
-        clips = [None, None]
-        if a.clip_low is not None:  # per-turn clips (a2tgpo): live turns take the loss's own
-            loss = self.cfg.loss
-            clips = [np.concatenate([a.clip_low, np.full(len(b.advantages), loss.clip_low)]),
-                     np.concatenate([a.clip_high, np.full(len(b.advantages), loss.clip_high)])]
-        res = AdvantageResult(np.concatenate([a.advantages, b.advantages]), *clips)
-        return sched + live, res, np.concatenate([mask_a, mask_b])
+        return sched + live, *join_live(*parts, self.cfg.loss)
 
     def _live_advantages(self, live: list[Trajectory]) -> tuple[AdvantageResult, np.ndarray]:
         batch = turn_batch_from_trajectories(live)

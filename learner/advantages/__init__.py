@@ -2,7 +2,9 @@
 
 Owns the turn batch (``batch``), the estimator configs (``config``, pydantic only), the
 estimators (``outcome``: grpo, rloo; ``ig``: igpo, a2tgpo, prm; ``matchtir``; ``anchors``:
-gigpo, hgpo), how configured reward sources combine (``sources``), the registry (``registry``) and the checking tool (``tool``). No Ray, Redis or I/O
+gigpo, hgpo), how configured reward sources combine (``sources``), the registry (``registry``),
+the learner's assembly of a claimed batch's advantages and loss mask (``assemble``) and the
+checking tool (``tool``). No Ray, Redis or I/O
 outside ``tool``. May import numpy and rollout/ (the trajectory schema).
 
 Names are exported lazily so that ``import learner.advantages.config`` (done by every

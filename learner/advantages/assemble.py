@@ -1,0 +1,77 @@
+"""Advantages of a claimed batch, as the learner trains them: the run's reward sources read
+from the trajectories, failed scorers handled per ``on_missing``, the estimator run, and the
+turn mask the loss uses (every turn the estimator or a failure drops leaves it).
+
+Pure numpy over trajectories; the learner (``learner.worker``) calls ``batch_advantages``
+for scheduled groups and ``join_live`` to append its live sessions' advantages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
+from learner.advantages.config import EstimatorConfig
+from learner.advantages.registry import compute_advantages, read_sources
+
+if TYPE_CHECKING:  # rollout is upstream of learner; imported lazily to keep start-up light
+    from rollout.trajectory import Trajectory
+
+ON_MISSING = ("mask_turn", "skip_group", "zero")
+
+
+def batch_advantages(trajs: list[Trajectory], estimator: EstimatorConfig,
+                     weights: dict[str, float] | None = None, on_missing: str = "mask_turn",
+                     ) -> tuple[AdvantageResult, np.ndarray]:
+    """Advantages and the turn mask. The estimator weighs and combines the run's reward
+    sources (``weights``: ``RewardsConfig.trained_weights()``; None: the estimator's own
+    sources). A reward the estimator reads that a scorer failed to give (``None``) is handled
+    per ``on_missing``: ``mask_turn`` drops that turn from every pool and the loss,
+    ``skip_group`` drops the trajectory's whole group, ``zero`` reads it as 0.0 (biased; for
+    debugging)."""
+    needed = read_sources(estimator, weights)
+    # A column for every source read, even one no turn of this batch carries (IG in a batch
+    # of one-turn rollouts): the run checked at start that its reward stages produce them.
+    batch = turn_batch_from_trajectories(trajs, needed - {"outcome"})
+    mask = batch.mask.copy()
+    if on_missing not in ON_MISSING:
+        raise ValueError(f"on_missing {on_missing!r}; known: {', '.join(ON_MISSING)}")
+    # Failed scorers are explicit None values (a source absent from a turn is no failure).
+    src_failed = np.array([any(turn.rewards.get(s, 0.0) is None for s in needed if s != "outcome")
+                           for traj in trajs for turn in traj.turns], dtype=bool)
+    out_failed = np.array([("outcome" in needed and traj.outcome is None)
+                           for traj in trajs for _ in traj.turns], dtype=bool)
+    failed = src_failed | out_failed
+    if on_missing == "zero":
+        rewards = {k: np.where(src_failed & np.isnan(v), 0.0, v) if k in needed else v
+                   for k, v in batch.rewards.items()}
+        outcome = np.where(out_failed, 0.0, batch.outcome)
+        batch = dataclasses.replace(batch, rewards=rewards, outcome=outcome)
+    elif on_missing == "skip_group":
+        mask &= ~np.isin(batch.group_id, batch.group_id[failed])
+    else:
+        mask &= ~failed
+    if "outcome" in needed:
+        mask &= ~np.isnan(batch.outcome)
+    batch = dataclasses.replace(batch, mask=mask)
+    res = compute_advantages(batch, estimator, weights)
+    # The estimator may drop more turns (e.g. a rollout whose summed reward is NaN); those
+    # must leave the loss too, not train with advantage 0 and dilute the token mean.
+    return res, mask if res.mask is None else mask & res.mask
+
+
+def join_live(sched: tuple[AdvantageResult, np.ndarray], live: tuple[AdvantageResult, np.ndarray],
+              loss: Any) -> tuple[AdvantageResult, np.ndarray]:
+    """Scheduled turns' advantages and mask followed by the live turns'. Where the estimator
+    gives per-turn clips (a2tgpo, which needs the ppo loss), live turns take the loss's own
+    ``clip_low``/``clip_high`` (read only then: other losses have none)."""
+    (a, mask_a), (b, mask_b) = sched, live
+    clips = [None, None]
+    if a.clip_low is not None:
+        clips = [np.concatenate([a.clip_low, np.full(len(b.advantages), loss.clip_low)]),
+                 np.concatenate([a.clip_high, np.full(len(b.advantages), loss.clip_high)])]
+    res = AdvantageResult(np.concatenate([a.advantages, b.advantages]), *clips)
+    return res, np.concatenate([mask_a, mask_b])
