@@ -87,3 +87,14 @@ def test_print_config_prints_the_resolved_config() -> None:
     assert proc.returncode == 0, proc.stderr
     assert '"steps": 100' in proc.stdout and '"lr": 0.0001' in proc.stdout
     assert '"name": "demo"' in proc.stdout
+
+
+def test_every_doc_the_readmes_point_to_exists() -> None:
+    """The README's and the docs index's links and `docs/...` mentions name files that exist."""
+    named = set()
+    for doc in ("README.md", "docs/README.md"):
+        text = (ROOT / doc).read_text()
+        named |= {(ROOT / doc).parent / link for link in re.findall(r"\]\(([\w./-]+\.md)\)", text)}
+        named |= {ROOT / path for path in re.findall(r"`((?:docs|examples)/[\w./-]+\.(?:md|py))`", text)}
+    assert len(named) > 20
+    assert [str(p.relative_to(ROOT)) for p in sorted(named) if not p.is_file()] == []
