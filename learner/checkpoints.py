@@ -1,8 +1,11 @@
-"""A learner's checkpoints in the run's storage (``cluster.storage``): uploaded after every
-local save, fetched back by a resume on any node.
+"""A learner's checkpoints: saved in the run directory (Hugging Face weights and tokenizer
+under ``checkpoints/<tag>``, DeepSpeed's optimizer state and every rank's shards under
+``ds_checkpoint/<tag>``, trajectory balance's log Z beside them), committed by ``state.json``,
+uploaded to the run's storage (``cluster.storage``) after every local save and fetched back
+by a resume on any node.
 
-The local run directory stays the working copy; storage is the record. A stored
-``state.json`` names a complete checkpoint: it is uploaded last, after every rank's shards.
+The local run directory stays the working copy; storage is the record. A ``state.json``
+names a complete checkpoint: it is written (and uploaded) last, after every rank's shards.
 """
 
 from __future__ import annotations
@@ -13,7 +16,63 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from learner.deepspeed_setup import full_state_dict
 from storage import RunStorage, atomic_write
+
+
+def checkpoint_tag(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def save_local(ds_engine: Any, tokenizer: Any, run_dir: Path, tag: str, rank: int,
+               log_z: dict[str, Any] | None = None) -> Path:
+    """Checkpoint ``tag`` into ``run_dir`` (a collective: every rank calls it): rank 0 the
+    Hugging Face weights and tokenizer, every rank its DeepSpeed shards, rank 0 ``log_z``
+    (trajectory balance's table, optimiser and task codes; None: no such loss). Returns the
+    Hugging Face folder."""
+    path = run_dir / "checkpoints" / tag
+    weights = full_state_dict(ds_engine, gather_to_all=False)
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        ds_engine.module.save_pretrained(path, state_dict=weights)
+        tokenizer.save_pretrained(path)
+    ds_engine.save_checkpoint(str(run_dir / "ds_checkpoint"), tag=tag)
+    if rank == 0 and log_z is not None:
+        torch.save(log_z, log_z_path(run_dir, tag))
+    return path
+
+
+def write_state(run_dir: Path, store: RunStorage | None, state: dict[str, Any]) -> None:
+    """Commit a saved checkpoint (rank 0, after every rank's shards are saved and stored):
+    ``state.json``, then the trained-groups log and it into storage."""
+    atomic_write(run_dir / "state.json", json.dumps(state, indent=2))
+    if store is not None:
+        commit_run_state(store, run_dir)
+
+
+def resume_state(store: RunStorage | None, run_dir: Path) -> dict[str, Any] | None:
+    """The committed ``state.json`` a resume continues from (fetched from storage first, which
+    is the record: this node may have none); None when there is no checkpoint."""
+    if store is not None:
+        fetch_checkpoint(store, run_dir)
+    path = run_dir / "state.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def log_z_path(run_dir: Path, tag: str) -> Path:
+    """Trajectory balance's log Z table, beside the DeepSpeed checkpoint of ``tag``."""
+    return run_dir / "ds_checkpoint" / tag / "log_z.pt"
+
+
+def load_log_z(run_dir: Path, tag: str, log_z: torch.nn.Module, opt: torch.optim.Optimizer,
+               device: torch.device) -> dict[str, int]:
+    """Restore log Z's table and optimiser from checkpoint ``tag``; returns its task codes."""
+    saved = torch.load(log_z_path(run_dir, tag), map_location=device)
+    log_z.load_state_dict(saved["table"])
+    opt.load_state_dict(saved["opt"])
+    return dict(saved["task_codes"])
 
 
 def upload_checkpoint(store: RunStorage, run_dir: Path, tag: str, rank: int) -> None:

@@ -34,7 +34,7 @@ import torch
 from learner.advantages.assemble import batch_advantages, join_live
 from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
-from learner.checkpoints import commit_run_state, fetch_checkpoint, upload_checkpoint
+from learner.checkpoints import checkpoint_tag, load_log_z, resume_state, save_local, upload_checkpoint, write_state
 from learner.batching import TokenBatch, build_token_batch, by_length, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
@@ -44,7 +44,7 @@ from learner.run_files import keep_steps_through
 from learner.step_metrics import batch_metrics
 from replay.base import Claim
 from replay.client import wait_claim
-from storage import RunStorage, atomic_write, node_copy
+from storage import RunStorage, node_copy
 from rollout.shared_prefix import next_token_logprobs, shared_length
 from rewards.config import RewardsConfig
 from rollout.trajectory import Trajectory
@@ -77,7 +77,7 @@ class LearnerWorker:
         self.store = RunStorage(storage_url) if storage_url else None
         model_path = node_copy(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        state = self._resume_state() if resume else None
+        state = resume_state(self.store, self.run_dir) if resume else None
         load_from = state["hf_path"] if state else model_path
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32)
         self.ref = None
@@ -115,7 +115,8 @@ class LearnerWorker:
         if state:
             self.engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
                                         load_module_only=False)
-            self._load_log_z(state["ds_tag"])
+            if self.log_z is not None:
+                self.task_codes = load_log_z(self.run_dir, state["ds_tag"], self.log_z, self.log_z_opt, self.device)
         if state or version_floor:
             if self.rank == 0:
                 keep_steps_through(self.trained_log, self.step)  # later steps are trained again
@@ -408,46 +409,25 @@ class LearnerWorker:
         )
         return policy_loss(inputs, self.cfg.loss, self.log_z)
 
-    # -- checkpoints ---------------------------------------------------------------------
+    # -- checkpoints (learner.checkpoints) -------------------------------------------------
     def save_checkpoint(self) -> str:
         """HF weights + tokenizer under checkpoints/step_N, optimizer state under ds_checkpoint
         (every rank writes its own shards there; rank 0 the rest and the commit)."""
-        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        tag = f"step_{self.step:06d}"
-        weights = full_state_dict(self.engine, gather_to_all=False)
-        if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-            self.engine.module.save_pretrained(path, state_dict=weights)
-            self.tokenizer.save_pretrained(path)
-        self.engine.save_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=tag)
-        if self.rank == 0 and self.log_z is not None:
-            torch.save({"table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(),
-                        "task_codes": self.task_codes}, self._log_z_path(tag))
+        tag = checkpoint_tag(self.step)
+        log_z = None if self.log_z is None else {
+            "table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(), "task_codes": self.task_codes}
+        path = save_local(self.engine, self.tokenizer, self.run_dir, tag, self.rank, log_z)
         if self.store is not None:
             upload_checkpoint(self.store, self.run_dir, tag, self.rank)
             if self.world > 1:
                 torch.distributed.barrier(group=self.control)  # every shard stored before state.json
         if self.rank > 0:
             return str(path)
-        state = {"step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
-                 "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.live_state.items()}}
-        atomic_write(self.run_dir / "state.json", json.dumps(state, indent=2))
-        if self.store is not None:
-            commit_run_state(self.store, self.run_dir)
+        write_state(self.run_dir, self.store, {
+            "step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
+            "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.live_state.items()}})
         self.ports.commit(self.version)  # only now is this version's update durable
         return f"{self.store.url}/checkpoints/{tag}" if self.store is not None else str(path)
-
-    def _log_z_path(self, tag: str) -> Path:
-        """Trajectory balance's log Z table, beside the DeepSpeed checkpoint of ``tag``."""
-        return self.run_dir / "ds_checkpoint" / tag / "log_z.pt"
-
-    def _load_log_z(self, tag: str) -> None:
-        if self.log_z is None:
-            return
-        saved = torch.load(self._log_z_path(tag), map_location=self.device)
-        self.log_z.load_state_dict(saved["table"])
-        self.log_z_opt.load_state_dict(saved["opt"])
-        self.task_codes = dict(saved["task_codes"])
 
     def _log_trained(self, claim: Claim) -> None:
         """What this step trained, by group and trajectory id (exactly-once is checked on it)."""
@@ -456,12 +436,6 @@ class LearnerWorker:
                                  "group_ids": [g.group_id for g in claim.groups],
                                  "trajectory_ids": [t.trajectory_id for g in claim.groups for t in g.trajectories]})
                      + "\n")
-
-    def _resume_state(self) -> dict[str, Any] | None:
-        if self.store is not None:
-            fetch_checkpoint(self.store, self.run_dir)  # storage is the record; this node may have none
-        path = self.run_dir / "state.json"
-        return json.loads(path.read_text()) if path.exists() else None
 
     def interrupt(self) -> None:
         """Make a ``train_step`` waiting for a batch give up now (it raises InterruptedError),
