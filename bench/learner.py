@@ -129,24 +129,24 @@ def bench_publish(worker, repeats: int) -> list[tuple[str, float, int]]:
     from learner.deepspeed_setup import full_state_dict
     from learner.weights import FilePublisher, ObjectStorePublisher
 
-    state = full_state_dict(worker.engine)
+    state = full_state_dict(worker.ds_engine)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     files = FilePublisher(tempfile.mkdtemp())
     store = ObjectStorePublisher()
     rows = []
-    for name, fn in [("gather state dict (fp32 CPU copy)", lambda: full_state_dict(worker.engine)),
-                     ("object store, torch tensors pickled", lambda: ray.put(full_state_dict(worker.engine))),
-                     ("object store publish (numpy buffers)", lambda: store.publish(1, full_state_dict(worker.engine))),
-                     ("file publish (safetensors)", lambda: files.publish(1, full_state_dict(worker.engine)))]:
+    for name, fn in [("gather state dict (fp32 CPU copy)", lambda: full_state_dict(worker.ds_engine)),
+                     ("object store, torch tensors pickled", lambda: ray.put(full_state_dict(worker.ds_engine))),
+                     ("object store publish (numpy buffers)", lambda: store.publish(1, full_state_dict(worker.ds_engine))),
+                     ("file publish (safetensors)", lambda: files.publish(1, full_state_dict(worker.ds_engine)))]:
         fn()
         rows.append((name, statistics.median(timed(fn) for _ in range(repeats)), nbytes))
     # what every engine and reward scorer pays to fetch a version
     from rollout.engines.transport import ObjectStoreWeights
 
-    pickled = ObjectStoreWeights([ray.put(full_state_dict(worker.engine))])
-    mapped = store.publish(1, full_state_dict(worker.engine))
+    pickled = ObjectStoreWeights([ray.put(full_state_dict(worker.ds_engine))])
+    mapped = store.publish(1, full_state_dict(worker.ds_engine))
     for name, fn in [("reader load, torch tensors pickled", lambda: asyncio.run(pickled.load())),
                      ("reader load (numpy buffers, mapped)", lambda: asyncio.run(mapped.load()))]:
         fn()

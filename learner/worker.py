@@ -92,7 +92,9 @@ class LearnerWorker:
         """Running baselines of the live estimator, per reward source (checkpointed)."""
         self._interrupted = threading.Event()
         self.micro_batches = math.ceil(self.rows / cfg.micro_batch_size)
-        self.engine = init_engine(model, cfg, self.micro_batches, self.device, dist)
+        self.ds_engine = init_engine(model, cfg, self.micro_batches, self.device, dist)
+        """DeepSpeed's engine around the policy being trained (not an inference engine: those
+        are ``rollout.engines``, which serve the weights this one publishes)."""
         # Objects between ranks; it waits as long as rank 0 may wait for a batch.
         self.control = control_group(cfg.claim_timeout_s + 120) if self.world > 1 else None
         # Trajectory balance's learned log Z: a table per task, in its own optimiser at its
@@ -113,7 +115,7 @@ class LearnerWorker:
             self.version = max(self.version, version_floor) + 1
         self.trained_log = self.run_dir / "trained_groups.jsonl"
         if state:
-            self.engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
+            self.ds_engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
                                         load_module_only=False)
             if self.log_z is not None:
                 self.task_codes = load_log_z(self.run_dir, state["ds_tag"], self.log_z, self.log_z_opt, self.device)
@@ -196,7 +198,7 @@ class LearnerWorker:
     def _publish(self, ack: tuple[str, bool] | None = None) -> None:
         """The current weights to the weight sync (gathered on every rank under ZeRO-3, sent
         by rank 0), which acknowledges ``ack`` = (claim id, commit) once engines serve them."""
-        state = full_state_dict(self.engine, gather_to_all=False)
+        state = full_state_dict(self.ds_engine, gather_to_all=False)
         if self.rank == 0:
             self.ports.publish(self.version, state, ack)
 
@@ -266,7 +268,7 @@ class LearnerWorker:
         if self.cfg.ppo_epochs * self.cfg.mini_batches > 1:
             old = self._old_logprobs(tb, parts)
         t2 = time.perf_counter()
-        self.engine.train()
+        self.ds_engine.train()
         self.update_metrics = [self._optimizer_step(tb, start, stop, old, task_ids, log_r)
                                for _ in range(self.cfg.ppo_epochs) for start, stop in parts]
         return {**_combine_updates(self.update_metrics),
@@ -286,7 +288,7 @@ class LearnerWorker:
         """``[N, L-1]`` log-probs under the weights before this batch's first step, of the
         rows this rank trains (no grad, eval mode so dropout cannot make them noisy)."""
         old = torch.zeros(tb.loss_mask.shape, dtype=torch.float32, device=self.device)
-        self.engine.eval()
+        self.ds_engine.eval()
         with torch.no_grad():
             for start, stop in parts:
                 for span in self._spans(start, stop):
@@ -311,7 +313,7 @@ class LearnerWorker:
         spans = self._spans(start, stop)
         for i, span in enumerate(spans):
             a, b = span or (start, start + 1)
-            self.engine.set_gradient_accumulation_boundary(i == len(spans) - 1)
+            self.ds_engine.set_gradient_accumulation_boundary(i == len(spans) - 1)
             mb = tb.rows(a, b).to(self.device)
             mb_old = None if old is None else old[a:b, :mb.loss_mask.size(1)]
             loss, m = self._micro_step(mb, _rows_on(task_ids, a, b, self.device),
@@ -319,16 +321,16 @@ class LearnerWorker:
             # losses that average rows weigh a micro-batch by its rows, token means by tokens
             share = mb.input_ids.size(0) / rows if row_mean else mb.num_tokens / tokens
             share = share if span is not None else 0.0
-            self.engine.backward(loss * share * self.micro_batches * self.world)
+            self.ds_engine.backward(loss * share * self.micro_batches * self.world)
             for k, v in (m.items() if span is not None else ()):
                 sums[k] = _accumulate(k, sums.get(k), v, share)
-        self.engine.step()
+        self.ds_engine.step()
         if self.log_z_opt is not None:
             self._average_log_z_grads()
             self.log_z_opt.step()
             self.log_z_opt.zero_grad()
         sums = self._merge_ranks(sums)
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.ds_engine.get_global_grad_norm()
         sums["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         return sums
 
@@ -377,7 +379,7 @@ class LearnerWorker:
     def _token_logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(``[B, L-1]`` log-prob of each next token, ``[B, L-1, V]`` all log-probs) under the
         policy being trained, at the rollout temperature."""
-        return self._logprobs(self.engine, mb)
+        return self._logprobs(self.ds_engine, mb)
 
     def _logprobs(self, model: Any, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         # The system prompt and tool list every row opens with run once (rollout.shared_prefix),
@@ -416,7 +418,7 @@ class LearnerWorker:
         tag = checkpoint_tag(self.step)
         log_z = None if self.log_z is None else {
             "table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(), "task_codes": self.task_codes}
-        path = save_local(self.engine, self.tokenizer, self.run_dir, tag, self.rank, log_z)
+        path = save_local(self.ds_engine, self.tokenizer, self.run_dir, tag, self.rank, log_z)
         if self.store is not None:
             upload_checkpoint(self.store, self.run_dir, tag, self.rank)
             if self.world > 1:

@@ -54,7 +54,7 @@ def test_a_saved_checkpoint_resumes_weights_log_z_and_task_codes(tiny_policy, tm
     assert log_z_path(tmp_path, "step_000001").exists()
     state = json.loads((tmp_path / "state.json").read_text())
     assert (state["step"], state["version"], state["ds_tag"]) == (1, 1, "step_000001")
-    weights = {k: v.clone() for k, v in first.engine.module.state_dict().items()}
+    weights = {k: v.clone() for k, v in first.ds_engine.module.state_dict().items()}
     table = first.log_z.state_dict()
 
     again = learner(True)
@@ -63,5 +63,5 @@ def test_a_saved_checkpoint_resumes_weights_log_z_and_task_codes(tiny_policy, tm
     for k, v in again.log_z.state_dict().items():
         torch.testing.assert_close(v, table[k])
     assert not torch.equal(table["table.weight"], initial)  # it trained: a real round trip
-    for k, v in again.engine.module.state_dict().items():
+    for k, v in again.ds_engine.module.state_dict().items():
         torch.testing.assert_close(v, weights[k])

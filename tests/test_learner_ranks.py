@@ -56,13 +56,13 @@ def _rank_main(rank: int, world: int, port: int, policy: str, run_dir: str, cfg_
         ports = LocalLearnerPorts(store)
     worker = LearnerWorker(cfg, policy, run_dir, ports, group_size=2, temperature=1.0,
                            dist=DistSpec(rank, world, "127.0.0.1", port))
-    base = getattr(worker.engine.optimizer, "optimizer", worker.engine.optimizer)
+    base = getattr(worker.ds_engine.optimizer, "optimizer", worker.ds_engine.optimizer)
     grads: list[list[torch.Tensor]] = []
     base.register_step_pre_hook(lambda opt, args, kwargs: grads.append(
         [p.grad.detach().clone() for g in opt.param_groups for p in g["params"] if p.grad is not None]))
     metrics = worker.train_step()
     torch.save({"metrics": metrics, "updates": worker.update_metrics, "grads": grads,
-                "weights": full_state_dict(worker.engine),
+                "weights": full_state_dict(worker.ds_engine),
                 "log_z": None if worker.log_z is None else worker.log_z.state_dict(),
                 "acked": None if ports is None else ports.store.stats().trained,
                 "retained": None if ports is None else ports.store.stats().retained,

@@ -45,14 +45,14 @@ def _update_gradients(policy: str, tmp_path, micro_batch_size: int, history_turn
     cfg = LearnerConfig(batch_groups=2, micro_batch_size=micro_batch_size, lr=lr, zero_stage=1,
                         loss={"type": "ppo", "agg": agg})
     worker = LearnerWorker(cfg, policy, str(tmp_path), ports=None, group_size=2, temperature=1.0)
-    base = getattr(worker.engine.optimizer, "optimizer", worker.engine.optimizer)  # under ZeRO's wrapper
+    base = getattr(worker.ds_engine.optimizer, "optimizer", worker.ds_engine.optimizer)  # under ZeRO's wrapper
     seen: list[list[torch.Tensor]] = []
     base.register_step_pre_hook(lambda opt, args, kwargs: seen.append(
         [p.grad.detach().clone() for g in opt.param_groups for p in g["params"] if p.grad is not None]))
     metrics = worker._update(_trajectories(history_turns))
     assert metrics["tokens/rows"] == (8 if history_turns == 1 else 4)
     assert len(seen) == 1, "one optimizer step per update"
-    return seen[0], {k: v.detach().clone() for k, v in worker.engine.module.state_dict().items()}
+    return seen[0], {k: v.detach().clone() for k, v in worker.ds_engine.module.state_dict().items()}
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
@@ -159,7 +159,7 @@ def test_live_sessions_with_higher_reward_gain_probability(tiny_policy, tmp_path
                            turns=[Turn(action_ids=action, action_logprobs=[-1.0] * 4, policy_version=0)],
                            outcome=outcome, live=LiveOrigin(session_id=name))
                 for name, action, outcome in (("good", good, 1.0), ("bad", bad, 0.0))]
-    model = worker.engine.module
+    model = worker.ds_engine.module
     before = [_sequence_logprob(model, prompt, a) for a in (good, bad)]
     metrics = worker._update(sessions)
     after = [_sequence_logprob(model, prompt, a) for a in (good, bad)]

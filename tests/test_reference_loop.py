@@ -58,7 +58,7 @@ def test_reference_loop_trains_and_the_engine_serves_the_new_weights(reference_l
     completion = asyncio.run(run.engine.generate([5, 6, 7], SamplingParams(max_new_tokens=4)))
     assert completion.version == 2
     served = run.engine.engine.model.state_dict()
-    learned = run.learner.engine.module.state_dict()
+    learned = run.learner.ds_engine.module.state_dict()
     start = load_file(f"{agent_policy[0]}/model.safetensors")
     shared = [k for k in start if k in served and k in learned]
     assert shared
