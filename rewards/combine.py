@@ -41,7 +41,7 @@ def failed(turns: range | list[int], error: str) -> SourceResult:
 def ig_gold(traj: Trajectory) -> str | None:
     """The gold answer IG scores ``traj`` against (its first alias); None: it has none, so IG
     cannot score it (a scheduled rollout's IG is then ``ig_without_gold``; a live session's
-    is skipped, ``rewards.worker.inapplicable_sources``)."""
+    is skipped, ``rewards.inline.inapplicable_sources``)."""
     return traj.gold_answers[0] if traj.gold_answers else None
 
 

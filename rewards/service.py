@@ -26,7 +26,7 @@ from rewards.combine import SourceResult, failed, missing_counts, process_result
 from rewards.config import JudgeConfig, RewardsConfig
 from rewards.judge import Judgement
 from rewards.ports import PutOutcome, ReplayOutlet
-from rewards.worker import inapplicable_sources, score_cheap
+from rewards.inline import inapplicable_sources, score_cheap
 from rollout.trajectory import Group, Trajectory
 
 
