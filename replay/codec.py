@@ -20,7 +20,7 @@ engine's values exactly, and a replay store hands back exactly the group it was 
 contract tests compare groups with ``==``).
 
 Readers accept every older record too: format 1 (msgpack with one packed array per numeric
-field), format 2 written from list fields (the same layout; a field whose values fit no column
+field; read by ``replay/legacy.py``), format 2 written from list fields (the same layout; a field whose values fit no column
 held a plain list in the tree), a payload starting with ``{`` (the JSON written before,
 ``Group.model_dump_json()``), and a zlib stream of any of them (first byte 0x78, which neither
 ``{`` nor the magic is). The format version byte tells the binary layouts apart; a reader
@@ -54,7 +54,7 @@ from rollout.trajectory import Group, upgrade_record
 MAGIC = b"TRG"
 FORMAT_VERSION = 2
 HEADER = MAGIC + bytes([FORMAT_VERSION])
-_V1 = 1  # one packed array per numeric field; still read
+_V1 = 1  # one packed array per numeric field; still read (replay/legacy.py)
 _HEAD_LEN = struct.Struct("<I")
 
 # The type code of a packed array or column, and the dtype of its values (little-endian on
@@ -259,22 +259,10 @@ class _ColumnReader:
                                  f"{kind} but the record holds {len(column)}")
 
 
-class _InlineReader:
-    """Format 1: each numeric field is its own packed array (or a plain list)."""
+if typing.TYPE_CHECKING:  # a reader of a record's numeric fields; format 1's is replay.legacy's
+    from replay.legacy import InlineReader
 
-    @staticmethod
-    def take(f: _Field, held: bytes | list[Any]) -> NumArray:
-        if not isinstance(held, bytes):
-            return f.array.of(held)
-        code = held[0] if held else None
-        return f.array.of(_values(code, memoryview(held)[1:]))
-
-    @staticmethod
-    def check_used_up() -> None:
-        pass
-
-
-Reader = _ColumnReader | _InlineReader
+    Reader = _ColumnReader | InlineReader
 
 
 def _build(cls: type[BaseModel], tree: dict[str, Any], reader: Reader) -> BaseModel:
@@ -323,8 +311,9 @@ def _decode_binary(record: bytes | bytearray) -> Group:
     version = record[len(MAGIC)]
     view = memoryview(record)
     if version == _V1:
-        reader: Reader = _InlineReader()
-        tree = _unpack_tree(view[len(HEADER):])
+        from replay.legacy import read_format_1  # loaded only by a store holding old records
+
+        reader, tree = read_format_1(view)
     elif version == FORMAT_VERSION:
         reader, tree = _split_columns(view)
     else:
