@@ -24,8 +24,8 @@ from cluster.config import RunConfig
 from cluster.requirements import check_requirements
 from cluster.rates import mark, step_rates
 from cluster.run_sync import RunSync
-from cluster.survival import (ComponentDied, LearnerDied, RolloutReviver, Vigils, collect, dead_callee,
-                              name_engine_death, watch)
+from cluster.supervision import Supervisor, resume_replay
+from cluster.survival import ComponentDied, LearnerDied, collect, dead_callee
 
 __all__ = ["ComponentDied", "LearnerDied", "NothingToResumeError", "RunResult", "prepare_run_dir", "train"]
 
@@ -82,39 +82,28 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
 
 def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], result: RunResult,
                 on_stage: Callable[[str], None]) -> int:
-    import ray
-
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
     last: dict[str, Any] = {}
     mark(actors, last)  # rates count from here: not the held-out evaluation before
     rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     sync = RunSync(cfg, result.run_dir)
-    step, restarts = result.steps, 0
-    revive = RolloutReviver(cfg, actors, rollout_refs, on_stage)
-    vigils = Vigils(cfg, actors, on_stage)
+    step = result.steps
+    supervisor = Supervisor(cfg, actors, rollout_refs, monitor, on_stage)
     while step < cfg.train.steps:
         step += 1
         if not cfg.train.async_:
             t0 = time.perf_counter()
             settle_weights(actors)  # generate with the learner's newest weights, its batch acknowledged
-            collect(actors.rollouts, per_worker, revive, actors)
+            collect(actors.rollouts, per_worker, supervisor.revive, actors)
             gen_s = time.perf_counter() - t0
-        try:
-            metrics = watch(actors.learner.call("train_step"), rollout_refs, actors, revive, vigils)
-        except ray.exceptions.RayTaskError as exc:  # the learner raised: say if an engine died under it
-            if (died := name_engine_death(cfg, actors, exc)) is None:
-                raise
-            raise died from exc
-        except LearnerDied as exc:
-            if restarts == cfg.learner.max_restarts:
-                raise RuntimeError(f"{exc}; learner.max_restarts={restarts} restarts used up") from exc
-            restarts += 1
-            step = result.steps = _restart_learner(cfg, actors, monitor, str(exc), on_stage)
+        metrics = supervisor.train_step()
+        if metrics is None:  # the learner died and was restarted from its last checkpoint
+            step = result.steps = supervisor.restarted_at
             continue
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
-        metrics["rollout/lost_groups"] = float(revive.lost)
+        metrics["rollout/lost_groups"] = float(supervisor.revive.lost)
         metrics |= step_rates(actors, last)
         if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
             scores = _evaluate(actors, heldout, cfg)
@@ -132,46 +121,6 @@ def settle_weights(actors: Any) -> None:
     import ray
 
     ray.get(actors.weights.settle.remote())
-
-
-def _restart_learner(cfg: RunConfig, actors: Any, monitor: Any, reason: str, on_stage: Callable[[str], None]) -> int:
-    """Replace a dead learner inside the run, from its last checkpoint; replay delivers again
-    what the lost steps trained. Returns the step training continues after."""
-    import ray
-
-    from cluster.actors import after_restart
-    from cluster.weight_sync import form_weight_group
-
-    t0 = time.monotonic()
-    served = ray.get(actors.weights.version.remote())
-    actors.learner.release()
-    actors.learner = actors.make_learner(True, served)
-    ray.get(actors.learner.call("get_version"))  # every rank built
-    form_weight_group(actors)  # broadcast: a new rank 0, a new group
-    step, version = ray.get(actors.learner.leader.get_resumed_from.remote())
-    requeued = ray.get(actors.replay.recover.remote(version))
-    monitor.rewind(step)
-    after_restart(cfg, actors)
-    on_stage(f"{reason}: restarted from step {step} (checkpoint version {version}) in "
-             f"{time.monotonic() - t0:.1f}s; {requeued} groups delivered again")
-    return step
-
-
-def _resume_replay(actors: Any, run_dir: Path, on_stage: Callable[[str], None]) -> int:
-    """Line the replay store up with the checkpoint the learner resumed from; returns its step."""
-    import ray
-
-    from learner.run_files import keep_steps_through
-
-    step, version = ray.get([actors.learner.leader.get_step.remote(), actors.learner.leader.get_version.remote()])
-    requeued = ray.get(actors.replay.recover.remote(version))
-    # No producer of this run is alive yet: reservations still counted are those of the dead.
-    orphaned = ray.get(actors.replay.stats.remote()).running
-    ray.get(actors.replay.release.remote(orphaned))
-    keep_steps_through(run_dir / "metrics.jsonl", step)
-    on_stage(f"resumed at step {step} (version {version}): {requeued} groups delivered again, "
-             f"{orphaned} reservations of dead producers released")
-    return step
 
 
 def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool = False) -> RunResult:
@@ -198,7 +147,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     result = RunResult(run_dir, 0, None, timings={"setup_s": time.time() - t_start})
     try:
         if resume:
-            result.steps = _resume_replay(actors, run_dir, on_stage)
+            result.steps = resume_replay(actors, run_dir, on_stage)
         _run_stages(cfg, actors, source.tasks("heldout")[: cfg.eval.num_tasks], result, on_stage)
     finally:
         _stop_gateway(actors)

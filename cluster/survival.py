@@ -1,7 +1,7 @@
 """What the driver does when one of a run's processes dies, and how it names which one.
 
 Restarted inside the run: rollout actors (``RolloutReviver``: their reservations given back,
-their loop started again), the learner (from its last checkpoint, ``driver._restart_learner``),
+their loop started again), the learner (from its last checkpoint, ``cluster.supervision.restart_learner``),
 the weight sync (the learner publishes its current weights to the new one) and the replay
 host of Redis replay (the groups are in Redis; callers' calls wait for it and are re-sent).
 Engines, environment actors and the reward front are restarted by Ray alone; their callers
