@@ -4,7 +4,7 @@
 
 A GRPO step samples N episodes of each of G tasks, and their first turns reach the engine
 together with one prompt per group. The engine computes an identical prompt once and copies its
-row (``HFEngine._prefill``); this bench sends, round after round on one engine, G x N requests
+row (``DecodeBatch.prefill``, rollout/engines/hf_batch.py); this bench sends, round after round on one engine, G x N requests
 whose prompts come in G groups of N identical ones, and, alternating with those rounds, G x N
 requests with distinct prompts of the same length (every prompt computed). Same model (the tiny
 Llama of bench/prefix_cache.py), temperature 0.7, 48 new tokens, 150-token prompts, one torch
