@@ -14,7 +14,9 @@ match their schemas, auth enforced.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -46,15 +48,19 @@ def live(tmp_path_factory) -> Iterator[Service]:
     python = tmp / "fake-python"
     python.write_text(FAKE_PYTHON)
     python.chmod(0o755)
+    # Ray's sockets live under its temp dir, and a Unix socket path has at most 107 bytes: a
+    # short dir of its own, not pytest's (pytest -n adds a level per worker).
+    ray_temp = Path(tempfile.mkdtemp(prefix="fz", dir="/tmp"))
     cfg = ServiceConfig(state_dir=str(tmp / "state"), port=free_port(),
-                        ray={"local": {"num_cpus": 2, "temp_dir": str(tmp / "ray")}},
+                        ray={"local": {"num_cpus": 2, "temp_dir": str(ray_temp)}},
                         jobs={"python": str(python), "poll_s": 0.2},
                         limits={"max_concurrent_runs": 1})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TURNRL_SERVICE_TOKENS", TOKENS)  # what an operator exports: the Ray head must not inherit it
         with serve(cfg, environ=dict(os.environ)) as svc:
-            svc.ray_temp = tmp / "ray"
+            svc.ray_temp = ray_temp
             yield svc
+    shutil.rmtree(ray_temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
