@@ -175,16 +175,13 @@ class StepJudge:
 
 
 def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) -> None:
-    """From the reward service's stamp to the learner's advantages, with nothing hand-built in
-    between: the service scores a PRM (a judge) and the outcome and stamps the run's weights
-    on each trajectory; ``LearnerWorker._advantages`` reads that stamp."""
-    from types import SimpleNamespace
-
+    """From the reward service's scores to the learner's advantages, with nothing hand-built in
+    between: the service scores a PRM (a judge) and the outcome; the learner's advantage
+    assembly weighs them with the run's rewards config."""
     import numpy as np
 
+    from learner.advantages.assemble import batch_advantages
     from learner.advantages.config import PRMEstimatorConfig
-    from learner.config import LearnerConfig
-    from learner.worker import LearnerWorker
 
     path, _ = episode
     cfg = judge_cfg()
@@ -199,9 +196,7 @@ def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) ->
     assert [[turn.rewards["prm"] for turn in t.turns] for t in trajs] == [[0.1, 0.2], [0.1, 0.2], [0.1]]
     assert [t.outcome for t in trajs] == [1.0, 0.0, 0.0]
     assert rewards.trained_weights() == {"outcome": 1.0, "prm": 0.5}
-    learner = SimpleNamespace(cfg=LearnerConfig(estimator=PRMEstimatorConfig()),
-                              reward_weights=rewards.trained_weights(), on_missing=rewards.on_missing)
-    res, mask = LearnerWorker._advantages(learner, trajs)
+    res, mask = batch_advantages(trajs, PRMEstimatorConfig(), rewards.trained_weights(), rewards.on_missing)
     # PRM pool [.1 .2 .1 .2 .1]: mean .14, population std sqrt(.0024) = .0489898, + eps 1e-6
     # -> z -.816480 (.1) and 1.224720 (.2). Outcome pool [1 0 0]: mean 1/3, std sqrt(2/9) =
     # .471405 -> z 1.414211, -.707105. r = .5 z_prm (+ z_out on a final turn); A_t = r_t + A_{t+1}:
@@ -212,6 +207,5 @@ def test_stamped_trajectories_train_with_the_prm_through_the_learner(episode) ->
                                atol=2e-6)
     assert mask.all()
     # Built without the run's rewards the estimator weighs the PRM 1: the config is what was read.
-    learner.reward_weights = None
-    unweighted, _ = LearnerWorker._advantages(learner, trajs)
+    unweighted, _ = batch_advantages(trajs, PRMEstimatorConfig(), None, rewards.on_missing)
     assert unweighted.advantages[0] == pytest.approx(-0.816480 + 1.224720 + 1.414211, abs=2e-6)
