@@ -138,7 +138,7 @@ class WeightSync:
         """(version, handle), replaced whole: readers never see one without the other."""
         self._served = 0
         """The newest version every engine and scorer serves."""
-        self._pushing: asyncio.Lock | None = None
+        self._pushing = asyncio.Lock()  # binds to a loop at first use (Python >= 3.10), not here
         self._counts = {"pushes": 0, "push_s": 0.0, "acks": 0, "lost_targets": 0}
 
     async def publish(self, version: int, handle: WeightHandle,
@@ -148,8 +148,6 @@ class WeightSync:
         (a republish racing a publish) only re-acks: targets serve nothing older than they have."""
         if version > self._latest[0]:  # before the push: an engine restarting meanwhile loads it
             self._latest = (version, handle)
-        if self._pushing is None:
-            self._pushing = asyncio.Lock()
         async with self._pushing:
             if version > self._served:
                 t0 = time.perf_counter()
@@ -166,8 +164,6 @@ class WeightSync:
 
     async def settle(self) -> int:
         """Wait for the push (and acknowledgement) in flight; returns the version served."""
-        if self._pushing is None:
-            return self._served
         async with self._pushing:
             return self._served
 
