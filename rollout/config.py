@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PUSHED = ("the learner's weight sync (learner.weights.WeightSync) pushes each new version to every engine "
           "and model scorer, and replay admits for a version only once they serve it (docs/engines.md)")
@@ -208,6 +208,13 @@ class RolloutConfig(BaseModel):
     def _removed(cls, data: Any) -> Any:
         return refuse_removed(data, "rollout", ROLLOUT_REMOVED)
 
+    @field_validator("chat_format")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        from envs.formats import get_format  # pure text (stdlib + pydantic), like this module
+
+        return get_format(name).name
+
     num_workers: int = Field(1, ge=1)
     """Rollout actors."""
     max_restarts: int = Field(3, ge=0)
@@ -247,6 +254,12 @@ class RolloutConfig(BaseModel):
     start then train each turn on exactly that context (one row for turns 0..k, then one per
     turn), and ``seq-mean-*`` loss aggregations average over those rows. Reward scorers (IG,
     PRM, judge) still read the whole episode."""
+    chat_format: str = "hermes"
+    """How the policy writes tool calls and how tools are shown to it, by name from the chat
+    format registry (``envs.formats``): ``hermes`` (``<tool_call>`` JSON; the builtin model's),
+    ``qwen3`` (Hermes plus ``<think>`` reasoning), ``llama3_json``, ``mistral``
+    (``[TOOL_CALLS]``). Environments parse actions, the rollout renders prompts and the live
+    endpoint maps calls to OpenAI ``tool_calls`` with it (docs/envs.md "Chat formats")."""
     engine: EngineConfig = HFEngineConfig()
     """Inference engine settings: the group every rollout worker and the live endpoint use,
     selected by ``type``."""
