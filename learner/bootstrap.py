@@ -89,22 +89,74 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
         # storage.places' rule: a path only if it exists (never a hub lookup), a URL or hub id as is
         ref = model_ref(cfg.path, "policy.path")
         return Path(ref) if Path(ref).is_absolute() else ref
-    if cfg.path != "builtin:tiny":
-        raise ValueError(f"policy.path: unknown builtin {cfg.path!r}; known: ['builtin:tiny']")
+    from learner.pretrained import PACKAGED
+
+    name = cfg.path.removeprefix("builtin:")
+    if name != "tiny" and name not in PACKAGED:
+        raise ValueError(f"policy.path: unknown builtin {cfg.path!r}; known: "
+                         f"{['builtin:tiny', *(f'builtin:{n}' for n in PACKAGED)]}")
+    if name != "tiny":
+        return _pretrained_policy(name, cfg, env_cfg, show_progress, history_turns)
     demo_cfg = demo_env_config(cfg, env_cfg)
     final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json(), history_turns)
+
+    def build(tmp: Path) -> None:
+        from envs.registry import make_task_source
+
+        demo_source = make_task_source(demo_cfg) if demo_cfg is not None else None
+        build_tiny_policy(cfg, source, tmp, show_progress, demo_source, history_turns)
+
+    return _cached(final, build)
+
+
+def _cached(final: Path, build) -> Path:
+    """``final`` once ``build(tmp)`` has filled a temporary folder renamed into its place;
+    at once if a complete one (with its ``turnrl_bootstrap.json``) is there."""
     if (final / "turnrl_bootstrap.json").exists():
         return final
     tmp = final.with_name(final.name + f".tmp{time.time_ns()}")
     tmp.mkdir(parents=True)
     try:
-        from envs.registry import make_task_source
-
-        demo_source = make_task_source(demo_cfg) if demo_cfg is not None else None
-        build_tiny_policy(cfg, source, tmp, show_progress, demo_source, history_turns)
+        build(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_progress: bool,
+                       history_turns: int | None) -> Path:
+    """A packaged pretrained model (``learner/pretrained.py``), converted once into
+    ``policy.models_dir``; with SFT on, fine-tuned on the environment's demonstrations and
+    cached like the tiny policy (the key names the model instead of the tiny shape)."""
+    from learner.pretrained import CONVERT_VERSION, convert
+
+    base = convert(name, cfg.models_dir)
+    if not cfg.sft.enabled or cfg.sft.steps == 0:
+        return base
+    demo_cfg = demo_env_config(cfg, env_cfg) or env_cfg
+    shape = {"v": BOOTSTRAP_VERSION, "pretrained": name, "convert": CONVERT_VERSION, "sft": cfg.sft.model_dump(),
+             "env": env_cfg.model_dump_json(), "history_turns": history_turns}
+    key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from envs.registry import make_task_source
+        from learner.sft import run_sft
+
+        t0 = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        torch.manual_seed(cfg.sft.seed)
+        stats = run_sft(model, tokenizer, make_task_source(demo_cfg), cfg.sft, show_progress, history_turns)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        stats |= {"params": sum(p.numel() for p in model.parameters()), "base": str(base),
+                  "build_s": time.perf_counter() - t0}
+        (tmp / "turnrl_bootstrap.json").write_text(json.dumps(stats, indent=2))
+
+    return _cached(Path(cfg.cache_dir).resolve() / f"{name}-{key}", build)

@@ -79,13 +79,18 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     path: str = "builtin:tiny"
-    """``builtin:tiny`` to create one locally, or any Hugging Face model folder or hub id."""
+    """``builtin:tiny`` to create one locally, ``builtin:smollm2`` for SmolLM2-135M-Instruct
+    converted from its Python package (``turnrl models list``; ``docs/pretrained.md``), or any
+    Hugging Face model folder or hub id. SFT (``sft``) applies to the builtins only."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the builtin model."""
     sft: SFTConfig = SFTConfig()
     """Warm start."""
     cache_dir: str = ".cache/turnrl/policies"
     """Where bootstrapped policies are cached (relative paths are from the working dir)."""
+    models_dir: str = ".cache/turnrl/models"
+    """Where packaged pretrained models (``builtin:smollm2``) are converted to Hugging Face
+    folders, once (``turnrl models convert NAME --dir`` writes the same place)."""
 
 
 class LearnerConfig(BaseModel):

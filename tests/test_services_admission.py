@@ -205,7 +205,7 @@ def test_refusals_say_what_is_allowed(service: Service, roots: Path) -> None:
     errors = refused(service, {"policy": {"path": "models/../outside/secret"}})
     assert errors["policy.path"] == (
         f"'models/../outside/secret' (resolves to {roots / 'outside' / 'secret'}) is not allowed: allowed are "
-        f"'builtin:tiny'; 'hub id Qwen/Qwen2.5-0.5B-Instruct'; a path under admission.model_roots "
+        f"'builtin:tiny'; 'builtin:smollm2'; 'hub id Qwen/Qwen2.5-0.5B-Instruct'; a path under admission.model_roots "
         f"['{roots / 'models'}']")
     errors = refused(service, {"policy": {"cache_dir": "/tmp/shared"}})
     assert errors["policy.cache_dir"] == ("'/tmp/shared' is not allowed: runs write only inside their own "
