@@ -196,5 +196,44 @@ class HouseholdConfig(BaseModel):
     shorter observations and admissible lists, so episodes and training rows cost less."""
 
 
-EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig, Field(discriminator="type")]
+class BfclConfig(BaseModel):
+    """BFCL v4 (Berkeley Function Calling Leaderboard) tasks, scored by bfcl_eval's checkers."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["bfcl"] = "bfcl"
+    """Selects this environment."""
+    categories: list[Literal[
+        "simple_python", "multiple", "parallel", "parallel_multiple",
+        "multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context",
+    ]] = Field(default=["simple_python", "multiple", "parallel", "multi_turn_base"], min_length=1)
+    """BFCL v4 categories to load: single-turn ones are one decision (AST checker), multi-turn
+    ones execute BFCL's API classes (state and response checkers). Not offered: Java/JavaScript,
+    live (user-contributed), irrelevance, web search, memory, format sensitivity and
+    multi_turn_miss_func (docs/envs.md says why)."""
+    heldout_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Share of each category held out, chosen by a hash of the task id, not by file order."""
+    split_seed: int = 0
+    """Salt of that hash: another value draws another split."""
+    max_tasks_per_category: int | None = Field(default=None, ge=1)
+    """Keep at most this many tasks of each category in each split (the lowest hashes; None:
+    all), for short runs."""
+    max_turns: int = Field(default=24, ge=1, le=400)
+    """Assistant turns before the episode ends; a multi-turn task not finished by then fails,
+    as BFCL fails a force-terminated entry."""
+    max_steps_per_turn: int = Field(default=20, ge=1, le=100)
+    """Call steps in one user turn before the episode is force-quit (BFCL's
+    MAXIMUM_STEP_LIMIT, 20)."""
+    tool_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """Wall-clock limit of one step's calls; past it the episode's worker process is killed, the
+    step fails, and the next step replays the episode into a fresh process."""
+    check_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Wall-clock limit of one multi-turn verdict (it re-executes the episode's calls and the
+    ground truth); past it the episode counts as failed."""
+    tool_memory_mb: int = Field(default=1024, ge=128, le=65536)
+    """Address-space limit of a BFCL worker process (Python plus BFCL's API classes)."""
+
+
+EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig,
+                      Field(discriminator="type")]
 """Any environment's config, chosen by its ``type`` field."""

@@ -33,10 +33,17 @@ def _household(cfg: Any) -> TaskSource:
     return HouseholdTaskSource(cfg)
 
 
+def _bfcl(cfg: Any) -> TaskSource:
+    from envs.bfcl.source import BfclTaskSource
+
+    return BfclTaskSource(cfg)
+
+
 ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "search_qa": _search_qa,
     "tool_use": _tool_use,
     "household": _household,
+    "bfcl": _bfcl,
 }
 """Config ``type`` -> factory. A new environment is a config class in ``envs.config`` plus an
 entry here."""

@@ -69,13 +69,15 @@ def match_result(traj: Trajectory, cfg: MatchConfig) -> SourceResult:
     """MatchTIR turn rewards: mean over each turn's calls; the answer turn gets answer F1.
 
     F1 comes from the outcome stage (``traj.answer_score``); a rollout that gave no answer has
-    no answer turn, so its final turn is matched like the others.
+    no answer turn, so its final turn is matched like the others, and so is the final turn of
+    one whose task has no gold answer to score F1 against (its success is the environment's,
+    e.g. BFCL, whose one-decision episodes end with the turn that makes the calls).
     """
     n = len(traj.turns)
     if traj.gold_tool_calls is None:
         return failed(range(n), "no gold_tool_calls to match against")
     answered = traj.finish_reason == "answer" and traj.answer is not None
-    f1 = (traj.answer_score.f1 if traj.answer_score is not None else 0.0) if answered else None
+    f1 = traj.answer_score.f1 if answered and traj.answer_score is not None else None
     values = match_turn_rewards(
         [t.tool_calls for t in traj.turns], traj.gold_tool_calls, mode=cfg.mode, answer_f1=f1,
         unmatched_penalty=cfg.unmatched_penalty, no_call_reward=cfg.no_call_reward,

@@ -43,7 +43,7 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "SearchQAConfig.max_train_pairs", "SearchDataConfig.max_train_tasks", "SearchDataConfig.max_heldout_tasks",
         "ToolUseConfig.num_train_tasks", "ToolUseConfig.num_heldout_tasks", "HouseholdConfig.num_train_tasks",
         "HouseholdConfig.num_heldout_tasks", "EvalConfig.num_tasks", "EvalConfig.bootstrap_resamples",
-        "MatchConfig.sinkhorn_iters", "TrajectoryBalanceConfig.max_tasks", "LiveConfig.max_sessions",
+        "BfclConfig.max_tasks_per_category", "MatchConfig.sinkhorn_iters", "TrajectoryBalanceConfig.max_tasks", "LiveConfig.max_sessions",
         "PRMTrainConfig.num_tasks", "PRMTrainConfig.heldout_tasks")},
     **{f: ("max_threads", 1) for f in (
         "RolloutConfig.torch_threads", "HFEngineConfig.torch_threads", "VLLMEngineConfig.torch_threads",
@@ -74,7 +74,8 @@ _COUNTED = "resources demand() counts against max_actors, max_cpus and max_gpus"
 _BOUNDED = "a small choice the schema bounds (le=...)"
 FREE: dict[str, str] = {
     **{f: "a random seed" for f in ("SFTConfig.seed", "SearchQAConfig.seed", "ToolUseConfig.seed",
-                                     "HouseholdConfig.seed", "TrainConfig.seed", "PRMTrainConfig.seed")},
+                                     "HouseholdConfig.seed", "TrainConfig.seed", "PRMTrainConfig.seed",
+                                     "BfclConfig.split_seed")},
     **{f: _RATE for f in (
         "SFTConfig.lr", "SFTConfig.context_loss_weight", "SFTConfig.guess_fraction", "RolloutConfig.temperature",
         "RolloutConfig.top_p", "OutcomeConfig.format_penalty", "OutcomeConfig.weight", "IGConfig.weight",
@@ -93,12 +94,14 @@ FREE: dict[str, str] = {
         "VLLMEngineConfig.gpu_memory_utilization", "RewardsConfig.weights", "ReplayConfig.eta",
         "SearchQAConfig.hop_weights", "JudgeConfig.clip_bound", "JudgeConfig.clip_shift", "JudgeConfig.score_max",
         "JudgeConfig.score_min", "JudgeConfig.weight", "PRMConfig.clip_bound", "PRMConfig.clip_shift",
-        "PRMConfig.weight", "PRMTrainConfig.bad_step_rate", "PRMTrainConfig.lr")},
+        "PRMConfig.weight", "PRMTrainConfig.bad_step_rate", "PRMTrainConfig.lr", "BfclConfig.heldout_fraction")},
     **{f: _BOUNDED for f in (
         "SearchQAConfig.num_entities", "SearchQAConfig.hops", "SearchQAConfig.top_k", "SearchQAConfig.max_turns",
         "SearchQAConfig.train_worlds", "ToolUseConfig.min_calls", "ToolUseConfig.max_calls",
         "ToolUseConfig.max_turns", "ToolUseConfig.tool_timeout_s", "ToolUseConfig.tool_memory_mb",
-        "HouseholdConfig.max_turns", "HouseholdConfig.other_rooms", "LiveConfig.port", "JudgeConfig.retries")},
+        "HouseholdConfig.max_turns", "HouseholdConfig.other_rooms", "LiveConfig.port", "JudgeConfig.retries",
+        "BfclConfig.max_turns", "BfclConfig.max_steps_per_turn", "BfclConfig.tool_timeout_s",
+        "BfclConfig.check_timeout_s", "BfclConfig.tool_memory_mb")},
     **{f: _COUNTED for f in (
         "RolloutConfig.num_workers", "RolloutConfig.num_cpus", "HFEngineConfig.count", "HFEngineConfig.num_cpus",
         "HFEngineConfig.num_gpus", "VLLMEngineConfig.count", "VLLMEngineConfig.num_cpus", "VLLMEngineConfig.num_gpus",
