@@ -242,3 +242,25 @@ def test_demonstrations_replay_to_a_bfcl_success(source) -> None:
     for task in [*_tasks(source, "parallel_multiple", 2), *_tasks(source, "multi_turn_base", 2)]:
         demo = source.demonstration(task)
         assert demo[0]["role"] == "assistant" and "<tool_call>" in demo[0]["content"]
+
+
+def test_a_real_rollout_plays_a_bfcl_task_with_the_tiny_policy(source, tiny_policy) -> None:
+    """run_episode, the HF engine in this process and the session's tiny policy: the task's
+    functions reach the prompt through the chat template as tools, the action is parsed and
+    the episode ends with BFCL's verdict on its output, the same one success() gives."""
+    from rollout import chat
+    from rollout.config import HFEngineConfig
+    from rollout.engines import local_client
+    from rollout.engines.base import SamplingParams
+    from rollout.episode import run_episode
+
+    engine = local_client(HFEngineConfig(), tiny_policy[0], seed=0)
+    task = _tasks(source, "simple_python", 1)[0]
+    prompt = engine.tokenizer.decode(chat.prompt_ids(engine.tokenizer, task.messages, task.tools))
+    assert "calculate_triangle_area" in prompt
+    traj = asyncio.run(run_episode(engine, source.make_env(), task, SamplingParams(max_new_tokens=24),
+                                   group_id="g", max_context_tokens=2048))
+    assert traj.error is None and traj.finish_reason == "answer" and len(traj.turns) == 1
+    verdict = source.verdict(task, traj.answer)
+    assert json.loads(traj.answer)["calls"] == [{c.name: c.arguments} for c in traj.turns[0].tool_calls]
+    assert source.success(task, traj.answer) == verdict["valid"]
