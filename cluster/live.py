@@ -92,7 +92,7 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000,
                                                  resources=cfg.cluster.service_resources).remote(
         cfg.live, engine_client, ports, scorable_without_feedback(cfg), run_id,
-        str(Path(run_dir) / SESSIONS_FILE), judges_early(cfg))
+        str(Path(run_dir) / SESSIONS_FILE), judges_early(cfg), cfg.rollout.chat_format)
     url = ray.get(actor.start.remote())
     (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))
     return actor, url

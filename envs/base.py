@@ -94,6 +94,9 @@ class Environment(ABC):
     """
 
     max_turns: int = 4
+    chat_format: str = "hermes"
+    """The policy's chat format (``envs.formats``): how ``step`` parses the action's tool calls
+    (``parse_action(action, self.chat_format)``). The rollout sets it on each new episode."""
 
     @abstractmethod
     async def reset(self, task: Task) -> Observation:

@@ -27,9 +27,11 @@ class EnvHost:
         self._episodes: dict[str, Environment] = {}
         self._counts = {"opened": 0, "steps": 0, "closed": 0}
 
-    async def open(self, task: Task) -> tuple[str, Observation, int]:
-        """Start an episode: (episode id, first observation, turn limit)."""
+    async def open(self, task: Task, chat_format: str = "hermes") -> tuple[str, Observation, int]:
+        """Start an episode: (episode id, first observation, turn limit). ``chat_format``: the
+        policy's, which the episode parses actions in."""
         env = self.source.make_env()
+        env.chat_format = chat_format
         episode_id = uuid.uuid4().hex
         self._episodes[episode_id] = env
         self._counts["opened"] += 1

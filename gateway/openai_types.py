@@ -61,6 +61,8 @@ class Message(_Strict):
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    """An assistant message's reasoning, as our responses (and vLLM's) carry it."""
     # Echoed back by SDK clients that append our response message as-is; only null is accepted.
     refusal: None = None
     function_call: None = None
@@ -73,6 +75,8 @@ class Message(_Strict):
             raise ValueError(f"tool_calls is only allowed on assistant messages, not {self.role}")
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError(f"reasoning_content is only allowed on assistant messages, not {self.role}")
         if self.role != "tool" and self.tool_call_id is not None:
             raise ValueError(f"tool_call_id is only allowed on tool messages, not {self.role}")
         if self.role != "assistant" and self.content is None:
@@ -261,10 +265,12 @@ class OutToolCall(_Wire):
 
 
 class AssistantMessage(_Wire):
-    _omit_if_none = frozenset({"tool_calls"})
+    _omit_if_none = frozenset({"tool_calls", "reasoning_content"})
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[OutToolCall] | None = None
+    reasoning_content: str | None = None
+    """The reasoning the chat format split off (``qwen3``'s ``<think>``), under vLLM's name."""
 
 
 OpenAIFinish = Literal["stop", "length", "tool_calls"]
@@ -309,10 +315,11 @@ class DeltaToolCall(_Wire):
 
 
 class Delta(_Wire):
-    _omit_if_none = frozenset({"role", "content", "tool_calls"})
+    _omit_if_none = frozenset({"role", "content", "tool_calls", "reasoning_content"})
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
 
 
 class ChunkChoice(_Wire):

@@ -5,23 +5,25 @@ distribution that sampled each token), one entry per generated token except the 
 token that closes the message (OpenAI reports no entry for the stop sequence). ``top_logprobs``
 is always empty: alternatives are not computed (the request model only accepts 0).
 
-Streaming holds back text that may be the start of a ``<tool_call>`` block: content is sent as
-it is decoded up to the first ``<tool_call>``; what follows is parsed when the choice finishes,
-and the calls go out in one delta each, followed by any content after them. So the streamed
-content adds up to the non-streamed message's content, and calls never leak into it as text.
+Streaming parses incrementally in the policy's chat format (``envs.formats.StreamParser``):
+content and ``reasoning_content`` go out as they are decoded; each tool call starts with a
+delta carrying its index, id and name once the name is written, then its ``arguments`` in
+fragments as the model writes them, as OpenAI streams calls. Text that could still turn out to
+be a call tag is held back, so calls never leak into the content, and the deltas of a choice
+add up to exactly the non-streamed message (same content, reasoning, ids, names, arguments).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from envs.formats import DEFAULT_FORMAT, ChatFormat, StreamDelta, StreamParser, get_format
 from gateway.openai_types import (
     ChatCompletion, Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaFunction, DeltaToolCall,
     OpenAIFinish, TokenLogprob, Usage,
 )
-from gateway.toolcalls import AssistantReply, split_action
-
-_OPEN = "<tool_call>"
+from gateway.toolcalls import AssistantReply, split_action, tool_call_id
+from rollout.chat import decode_action
 
 
 def openai_finish(engine_reason: str, reply: AssistantReply) -> OpenAIFinish:
@@ -29,7 +31,7 @@ def openai_finish(engine_reason: str, reply: AssistantReply) -> OpenAIFinish:
     else ``tool_calls`` when the message calls tools, else ``stop``."""
     if engine_reason in ("length", "abort"):
         return "length"
-    return "tool_calls" if reply.calls else "stop"
+    return "tool_calls" if reply.wire else "stop"
 
 
 def token_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[TokenLogprob]:
@@ -46,19 +48,20 @@ def token_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[
     return out
 
 
-def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
-    """Text of generated ids, special tokens (end-of-turn) dropped."""
-    return tokenizer.decode(list(token_ids), skip_special_tokens=True)
+def decode(tokenizer: Any, token_ids: Sequence[int], chat_format: str | ChatFormat = DEFAULT_FORMAT) -> str:
+    """Text of generated ids, special tokens (end-of-turn) dropped but the format's own."""
+    return decode_action(tokenizer, list(token_ids), chat_format)
 
 
 def chat_completion(tokenizer: Any, completion_id: str, model: str, created: int, prompt_len: int,
-                    completions: Sequence[Any], tools_enabled: bool,
-                    logprobs: bool) -> tuple[ChatCompletion, list[AssistantReply]]:
+                    completions: Sequence[Any], tools_enabled: bool, logprobs: bool,
+                    chat_format: str | ChatFormat = DEFAULT_FORMAT) -> tuple[ChatCompletion, list[AssistantReply]]:
     """The response to a non-streamed request, and each choice's reply (for the recorder).
     ``completions`` are engine completions (token_ids, logprobs, finish_reason, version_spans)."""
     choices, replies = [], []
     for i, comp in enumerate(completions):
-        reply = split_action(decode(tokenizer, comp.token_ids), completion_id, i, tools_enabled)
+        text = decode(tokenizer, comp.token_ids, chat_format)
+        reply = split_action(text, completion_id, i, tools_enabled, chat_format)
         lps = ChoiceLogprobs(content=token_logprobs(tokenizer, comp.token_ids, comp.logprobs)) if logprobs else None
         choices.append(Choice(index=i, message=reply.message(), logprobs=lps,
                               finish_reason=openai_finish(comp.finish_reason, reply)))
@@ -76,56 +79,53 @@ class ChoiceStream:
     """Turns one choice's streamed tokens into chunk choices."""
 
     def __init__(self, tokenizer: Any, completion_id: str, index: int, tools_enabled: bool,
-                 logprobs: bool) -> None:
+                 logprobs: bool, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> None:
         self.tokenizer = tokenizer
         self.completion_id = completion_id
         self.index = index
         self.tools_enabled = tools_enabled
         self.logprobs = logprobs
+        self.format = get_format(chat_format)
+        self.parser = StreamParser(self.format, tools_enabled)
         self.token_ids: list[int] = []
         self.token_logprobs: list[float] = []
-        self._sent = 0  # characters of decoded text already sent as content
-        self._held = False  # a <tool_call> began: content after it waits for the end
         self._started = False
 
     def push(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[ChunkChoice]:
         """New tokens -> zero or one chunk choice (the first carries ``role``)."""
         self.token_ids += token_ids
         self.token_logprobs += logprobs
-        text = decode(self.tokenizer, self.token_ids)
+        # A token holding part of a character decodes to U+FFFD until the rest arrives.
+        text = decode(self.tokenizer, self.token_ids, self.format).rstrip("\ufffd")
+        delta = self._delta(self.parser.feed(text))
         lps = self._logprobs(token_ids, logprobs) if self.logprobs else None
-        content = "" if self._held else self._releasable(text)
-        if not content and not lps and self._started:
+        if delta is None and not lps and self._started:
             return []
-        return [self._chunk(Delta(content=content or None), lps)]
+        return [self._chunk(delta or Delta(), lps)]
 
     def finish(self, engine_reason: str) -> tuple[list[ChunkChoice], AssistantReply]:
-        """The closing chunk choices (held content, tool calls, finish reason) and the reply."""
-        text = decode(self.tokenizer, self.token_ids)
-        reply = split_action(text, self.completion_id, self.index, self.tools_enabled)
+        """The closing chunk choices (what was held back, the finish reason) and the reply."""
+        text = decode(self.tokenizer, self.token_ids, self.format)
+        reply = split_action(text, self.completion_id, self.index, self.tools_enabled, self.format)
         out: list[ChunkChoice] = []
-        rest = (reply.content or "")[self._sent:]
-        for k, (cid, call) in enumerate(zip(reply.ids, reply.message().tool_calls or [])):
-            fn = DeltaFunction(name=call.function.name, arguments=call.function.arguments)
-            out.append(self._chunk(Delta(tool_calls=[DeltaToolCall(index=k, id=cid, type="function", function=fn)])))
-        if rest:
-            out.append(self._chunk(Delta(content=rest)))
+        delta = self._delta(self.parser.feed(text, final=True))
+        if delta is not None:
+            out.append(self._chunk(delta))
         out.append(self._chunk(Delta(), finish=openai_finish(engine_reason, reply)))
         return out, reply
 
-    def _releasable(self, text: str) -> str:
-        """Text that can go out now: up to a <tool_call> (holding back a partial tag at the end
-        and an undecoded partial character)."""
-        text = text.rstrip("\ufffd")
-        if self.tools_enabled:
-            cut = text.find(_OPEN, self._sent)
-            if cut >= 0:
-                self._held = True
-                text = text[:cut]
+    def _delta(self, parsed: StreamDelta) -> Delta | None:
+        if parsed.empty():
+            return None
+        calls = []
+        for c in parsed.calls:
+            if c.name is not None:  # the call's first delta: index, id, type, name
+                calls.append(DeltaToolCall(index=c.index, id=tool_call_id(self.completion_id, self.index, c.index),
+                                           type="function", function=DeltaFunction(name=c.name, arguments=c.arguments)))
             else:
-                text = text[:len(text) - _partial_tag(text)]
-        new, self._sent = text[self._sent:], max(self._sent, len(text))
-        return new
+                calls.append(DeltaToolCall(index=c.index, function=DeltaFunction(arguments=c.arguments)))
+        return Delta(content=parsed.content or None, reasoning_content=parsed.reasoning or None,
+                     tool_calls=calls or None)
 
     def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> ChoiceLogprobs | None:
         entries = token_logprobs(self.tokenizer, token_ids, logprobs)
@@ -137,8 +137,3 @@ class ChoiceStream:
             delta.role, self._started = "assistant", True
             delta.content = delta.content or ("" if delta.tool_calls is None else None)
         return ChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=lps)
-
-
-def _partial_tag(text: str) -> int:
-    """Length of the longest suffix of ``text`` that begins ``<tool_call>``."""
-    return next((n for n in range(min(len(_OPEN) - 1, len(text)), 0, -1) if text.endswith(_OPEN[:n])), 0)

@@ -25,9 +25,10 @@ STOP_DRAIN_S = 10.0
 class LiveGateway:
     def __init__(self, cfg: LiveConfig, engine: Any, ports: Any = None,
                  scorable_without_feedback: bool = False, run_id: str = "",
-                 record_path: str | None = None, early_judge: bool = False) -> None:
+                 record_path: str | None = None, early_judge: bool = False, chat_format: str = "hermes") -> None:
         self.cfg = cfg
-        self.service = LiveService(cfg, engine, ports, scorable_without_feedback, record_path, early_judge)
+        self.service = LiveService(cfg, engine, ports, scorable_without_feedback, record_path, early_judge,
+                                   chat_format)
         self.app = build_app(self.service, run_id)
         self._server: Any = None
         self._tasks: list[asyncio.Task] = []

@@ -91,15 +91,17 @@ class _Call:
 class LiveService:
     def __init__(self, cfg: LiveConfig, engine: EngineClient, ports: LivePorts | None,
                  scorable_without_feedback: bool = False, record_path: str | Path | None = None,
-                 early_judge: bool = False) -> None:
+                 early_judge: bool = False, chat_format: str = "hermes") -> None:
         self.cfg, self.engine, self.ports = cfg, engine, ports
+        self.chat_format = chat_format
+        """The policy's chat format (``rollout.chat_format``): prompts, tool calls, reasoning."""
         self.early_judge = early_judge and ports is not None
         """Judge each turn as soon as its next state arrives (a hindsight judge is configured)."""
         self._early: dict[str, dict[int, asyncio.Task]] = {}
         """Segment group id -> turn index -> its early judgement in flight or done."""
         self.record_path = Path(record_path) if record_path else None
         self.scorable_without_feedback = scorable_without_feedback
-        self.recorder = SessionRecorder(engine.tokenizer)
+        self.recorder = SessionRecorder(engine.tokenizer, chat_format=chat_format)
         self._feedback: set[str] = set()
         self._episodes = dict.fromkeys(EPISODE_RESULTS, 0)
         self._feedback_counts = {"received": 0, "invalid": 0, "timed_out": 0}
@@ -131,7 +133,7 @@ class LiveService:
                                              session_id=call.prepared.session_id)
         response, replies = chat_completion(
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
-            len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs)
+            len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format)
         self._judge_followed(self.recorder.record(call.prepared, comps, replies))
         call.completion_tokens = response.usage.completion_tokens
         return response.wire()
@@ -140,8 +142,8 @@ class LiveService:
         """Chunks of all ``n`` choices as they are sampled; records when every choice ends.
         A consumer that stops early aborts the engine requests and records nothing."""
         tok, n = self.engine.tokenizer, call.params.n
-        outs = [ChoiceStream(tok, call.completion_id, i, bool(call.prepared.tools), call.req.logprobs)
-                for i in range(n)]
+        outs = [ChoiceStream(tok, call.completion_id, i, bool(call.prepared.tools), call.req.logprobs,
+                             self.chat_format) for i in range(n)]
         comps = [Completion.empty(f"{call.completion_id}-{i}") for i in range(n)]
         queue: asyncio.Queue = asyncio.Queue()
 

@@ -6,19 +6,24 @@ prompt ids the engine will see, and :meth:`SessionRecorder.record` stores what i
 
 - The request *extends* the session when its messages start with the previous request's
   messages plus the assistant message we returned (compared semantically: role, content, calls
-  by name and parsed arguments) and it offers the same tools. Then the prompt is built in token
-  space, exactly like ``rollout/episode.py``: previous prompt ids + previous completion ids +
-  ``rollout.chat.observation_ids`` of the new messages. Nothing is re-tokenized; the suffix is
-  the previous turn's ``observation_ids`` and the turn joins the current segment.
+  by name and parsed arguments; reasoning, which clients drop, is not compared) and it offers
+  the same tools. Then the prompt is built in token space, exactly like ``rollout/episode.py``:
+  previous prompt ids + previous completion ids + ``rollout.chat.observation_ids`` of the new
+  messages. Nothing is re-tokenized or re-rendered; the suffix is the previous turn's
+  ``observation_ids`` and the turn joins the current segment. This holds for templates that
+  re-render history too (Qwen3's drops earlier ``<think>`` blocks once a user message follows):
+  the segment keeps the tokens the engine saw and sampled.
 - Otherwise the whole conversation is rendered by the chat template (``rollout.chat.prompt_ids``)
   and the turn opens a new segment, counted by cause:
 
   ``history_rewritten``        the messages (or tools) do not extend the recorded conversation;
-  ``template_not_append_only`` they extend it, but ``observation_text`` raises for this template
-                               and the full render changes the recorded prompt itself;
-  ``retokenization_drift``     they extend it, a full render was needed (``observation_text``
-                               raised), it keeps the recorded prompt but not the sampled ids
-                               after it (the model's tokens do not render back to themselves).
+  ``template_not_append_only`` they extend it, but the template ends an assistant turn
+                               differently when messages follow (``observation_text`` raises, no
+                               delta exists) and the full render's text differs from the
+                               recorded prompt + completion;
+  ``retokenization_drift``     as above, but the full render's text is the recorded text: only
+                               its tokens differ (the model's tokens do not re-tokenize to
+                               themselves).
 
   A full render that does start with the recorded prompt + completion ids still joins the
   segment (counted ``stitched_by_render``): its remainder is a token-exact extension.
@@ -145,9 +150,12 @@ def _turn_from_completion(comp: SampledCompletion, reply: AssistantReply) -> Tur
 class SessionRecorder:
     """Sessions of one gateway, keyed by session id."""
 
-    def __init__(self, tokenizer: Any, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, tokenizer: Any, clock: Callable[[], float] = time.monotonic,
+                 chat_format: str = "hermes") -> None:
         self.tokenizer = tokenizer
         self.clock = clock
+        self.chat_format = chat_format
+        """The policy's chat format (``envs.formats``): how prompts show tools and calls."""
         self._sessions: dict[str, Session] = {}
         self._counters = dict.fromkeys(COUNTERS, 0)
 
@@ -203,7 +211,7 @@ class SessionRecorder:
         base = PreparedPrompt(session_id, [], messages, tools, session.revision, session.serial)
         last = session.last
         if last is None:
-            base.prompt_ids = chat.prompt_ids(self.tokenizer, messages, tools)
+            base.prompt_ids = chat.prompt_ids(self.tokenizer, messages, tools, self.chat_format)
             return base
         k = _continued_choice(last, messages, tools)
         if k is None:
@@ -211,25 +219,29 @@ class SessionRecorder:
         done = last.prompt_ids + last.choices[k].turn.action_ids
         new = messages[len(last.messages) + 1:]
         try:
-            obs = chat.observation_ids(self.tokenizer, new, last.choices[k].action_ended)
-        except ValueError:  # the template re-renders earlier text: only a full render is right
+            obs = chat.observation_ids(self.tokenizer, new, last.choices[k].action_ended, self.chat_format)
+        except ValueError:  # the template ends the turn differently now: only a full render is right
             return self._by_render(base, last, k, done)
         base.prompt_ids, base.continues, base.observation_ids = done + obs, k, obs
         return base
 
     def _new_segment(self, base: PreparedPrompt, cause: str, ids: list[int] | None = None) -> PreparedPrompt:
-        base.prompt_ids = ids if ids is not None else chat.prompt_ids(self.tokenizer, base.messages, base.tools)
+        base.prompt_ids = ids if ids is not None else chat.prompt_ids(self.tokenizer, base.messages, base.tools,
+                                                                      self.chat_format)
         base.cause = cause
         return base
 
     def _by_render(self, base: PreparedPrompt, last: _Last, k: int, done: list[int]) -> PreparedPrompt:
-        ids = chat.prompt_ids(self.tokenizer, base.messages, base.tools)
+        ids = chat.prompt_ids(self.tokenizer, base.messages, base.tools, self.chat_format)
         if ids[:len(done)] == done:
             base.prompt_ids, base.continues, base.by_render = ids, k, True
             base.observation_ids = ids[len(done):]
             return base
-        keeps_prompt = ids[:len(last.prompt_ids)] == last.prompt_ids
-        return self._new_segment(base, "retokenization_drift" if keeps_prompt else "template_not_append_only", ids)
+        same_text = self._text(ids).startswith(self._text(done))
+        return self._new_segment(base, "retokenization_drift" if same_text else "template_not_append_only", ids)
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def record(self, prepared: PreparedPrompt, completions: Sequence[SampledCompletion],
                replies: Sequence[AssistantReply]) -> tuple[LiveSegment, int] | None:

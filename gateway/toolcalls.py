@@ -1,15 +1,18 @@
-"""Between OpenAI's message shapes and the model's Hermes-style text.
+"""Between OpenAI's message shapes and the model's text, in the policy's chat format.
 
-Model -> client: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks the policy
-wrote become OpenAI ``tool_calls`` (arguments as a JSON string) and leave the content; a block
-that does not parse (bad JSON, no name) stays in the content, where the client sees what the
-model wrote, and marks the action invalid. Call ids are ``call_<24 hex>``, a hash of the
-completion id, choice and call index: the same completion always gets the same ids.
+Model -> client: the chat format (``envs.formats``) splits the text into reasoning (OpenAI's
+``reasoning_content``, as vLLM sends it), content and calls. A call block whose name can be read
+is a ``tool_calls`` entry whose ``arguments`` string is the JSON text the model wrote -- the
+same whether streamed or not, and possibly invalid JSON, which OpenAI's API also allows; such a
+call, and a block with no readable name (left in the content, where the client sees what the
+model wrote), mark the action invalid. Call ids are ``call_<24 hex>``, a hash of the completion
+id, choice and call index: the same completion always gets the same ids.
 
 Client -> template: request messages become the dicts chat templates render (Qwen2.5's, Llama
 3.1's and ours): assistant calls as ``{"type": "function", "function": {"name", "arguments":
-dict}}`` -- templates ``tojson`` the arguments, so they must be parsed, not the JSON string --
-and tool results as ``{"role": "tool", "content", "tool_call_id"}``.
+dict}}`` -- templates ``tojson`` the arguments, so they must be parsed, not the JSON string;
+arguments that are not a JSON object stay the string the client sent (the model may have
+written them so) -- and tool results as ``{"role": "tool", "content", "tool_call_id"}``.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.toolcalls import TOOL_CALL_RE, ToolCall, parse_action
-from gateway.errors import InvalidRequest
+from envs.formats import DEFAULT_FORMAT, ChatFormat, ToolCall, final_split, get_format
 from gateway.openai_types import AssistantMessage, Message, OutFunction, OutToolCall
 
 
@@ -37,86 +39,71 @@ class AssistantReply:
     text: str
     """The whole decoded action, as the model wrote it."""
     content: str | None
-    """The text minus well-formed call blocks; None when nothing else is left (OpenAI's null)."""
+    """The text minus reasoning and call blocks; None when nothing else is left (OpenAI's null)."""
     calls: list[ToolCall] = field(default_factory=list)
-    """Well-formed calls in order (arguments parsed)."""
+    """Well-formed calls in order (arguments parsed): what the turn records."""
     ids: list[str] = field(default_factory=list)
-    """OpenAI id of each call."""
+    """OpenAI id of each entry of ``wire``."""
     errors: list[str] = field(default_factory=list)
-    """Why each malformed block was left in the content."""
+    """Why each malformed block is malformed."""
+    reasoning: str | None = None
+    """The reasoning the format split off (``reasoning_content``); None when there is none."""
+    wire: list[tuple[str, str]] = field(default_factory=list)
+    """Every named call as the client gets it: (name, arguments JSON text as written)."""
 
     def message(self) -> AssistantMessage:
         """The response's ``message``."""
-        calls = [
-            OutToolCall(id=i, function=OutFunction(name=c.name, arguments=json.dumps(c.arguments)))
-            for i, c in zip(self.ids, self.calls)
-        ]
-        return AssistantMessage(content=self.content, tool_calls=calls or None)
+        calls = [OutToolCall(id=i, function=OutFunction(name=n, arguments=a)) for i, (n, a) in zip(self.ids, self.wire)]
+        return AssistantMessage(content=self.content, tool_calls=calls or None, reasoning_content=self.reasoning)
 
     def template_message(self) -> dict[str, Any]:
         """The message as a client will send it back, in chat-template form."""
-        return assistant_template_message(self.content, self.calls)
+        return assistant_template_message(self.content, [(n, template_arguments(a)) for n, a in self.wire])
 
 
-def split_action(text: str, completion_id: str, choice: int, tools_enabled: bool = True) -> AssistantReply:
-    """Content and tool calls of one choice's text. With ``tools_enabled`` False (no tools, or
-    ``tool_choice: none``) the text is all content: nothing is parsed as a call."""
-    if not tools_enabled:
-        return AssistantReply(text=text, content=text or None)
-    kept, calls, errors, last, tail = [], [], [], 0, 0
-    for block in TOOL_CALL_RE.finditer(text):
-        parsed = parse_action(block.group(0))
-        tail = block.end()
-        if parsed.calls:
-            kept.append(text[last:block.start()])
-            last = block.end()
-            calls += parsed.calls
-        else:
-            errors += parsed.errors
-    kept.append(text[last:])
-    if "<tool_call>" in text[tail:]:
-        errors.append("unterminated <tool_call>: close it with </tool_call>")
-    content = "".join(kept)
-    ids = [tool_call_id(completion_id, choice, k) for k in range(len(calls))]
-    return AssistantReply(text=text, content=content or None, calls=calls, ids=ids, errors=errors)
+def split_action(text: str, completion_id: str, choice: int, tools_enabled: bool = True,
+                 chat_format: str | ChatFormat = DEFAULT_FORMAT) -> AssistantReply:
+    """Content, reasoning and tool calls of one choice's text. With ``tools_enabled`` False
+    (no tools, or ``tool_choice: none``) nothing is parsed as a call."""
+    split = final_split(get_format(chat_format), text, tools_enabled)
+    wire = [(d.name, d.arguments) for d in split.calls if d.name is not None]
+    ids = [tool_call_id(completion_id, choice, k) for k in range(len(wire))]
+    return AssistantReply(text=text, content=split.content, calls=split.valid_calls(), ids=ids,
+                          errors=list(split.errors), reasoning=split.reasoning, wire=wire)
 
 
-def assistant_template_message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
+def template_arguments(arguments: str) -> dict[str, Any] | str:
+    """A call's ``arguments`` string as templates render it: the parsed object, else the text."""
+    try:
+        args = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return arguments
+    return args if isinstance(args, dict) else arguments
+
+
+def assistant_template_message(content: str | None, calls: list[tuple[str, dict[str, Any] | str]]) -> dict[str, Any]:
     """An assistant message in chat-template form (empty content as "")."""
     msg: dict[str, Any] = {"role": "assistant", "content": content or ""}
     if calls:
-        msg["tool_calls"] = [
-            {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
-            for c in calls
-        ]
+        msg["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
     return msg
 
 
 def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Request messages as the chat template renders them. Arguments that are not a JSON object
-    raise InvalidRequest naming the message's field."""
+    """Request messages as the chat template renders them (an assistant's
+    ``reasoning_content``, when a client sends it back, goes along: Qwen3's template shows it)."""
     out: list[dict[str, Any]] = []
-    for i, msg in enumerate(messages):
+    for msg in messages:
         if msg.role == "assistant":
-            calls = [_parsed_call(i, k, c.function.name, c.function.arguments)
-                     for k, c in enumerate(msg.tool_calls or [])]
+            calls = [(c.function.name, template_arguments(c.function.arguments)) for c in msg.tool_calls or []]
             out.append(assistant_template_message(msg.text(), calls))
+            if msg.reasoning_content:
+                out[-1]["reasoning_content"] = msg.reasoning_content
         elif msg.role == "tool":
             out.append({"role": "tool", "content": msg.text(), "tool_call_id": msg.tool_call_id})
         else:
             out.append({"role": msg.role, "content": msg.text()})
     return out
-
-
-def _parsed_call(i: int, k: int, name: str, arguments: str) -> ToolCall:
-    param = f"messages.{i}.tool_calls.{k}.function.arguments"
-    try:
-        args = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(param, f"not valid JSON ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(args, dict):
-        raise InvalidRequest(param, "must be a JSON object encoded as a string")
-    return ToolCall(name=name, arguments=args)
 
 
 def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -1,5 +1,10 @@
 """One multi-turn episode: engine and environment alternate, tokens are appended, never rebuilt.
 
+The next prompt is always the kept ids (prompt, sampled actions, earlier observations) plus the
+template's delta for the new messages (``rollout.chat.observation_ids``), also with templates
+that re-render history (Qwen3's drops earlier ``<think>`` blocks): the learner trains on exactly
+the tokens the engine saw and sampled.
+
 Each action is sampled from the opening prompt plus the episode so far, or, with
 ``history_turns=k``, plus only the last k turns: contexts stay bounded however long the
 episode runs, and each turn records where its context began (``Turn.context_start``).
@@ -41,9 +46,11 @@ async def run_episode(
     group_id: str,
     max_context_tokens: int,
     history_turns: int | None = None,
+    chat_format: str = "hermes",
 ) -> Trajectory:
     """Play ``task`` to the end (answer, turn limit, context limit or error). Each action
-    sees the prompt and the last ``history_turns`` turns (None: all)."""
+    sees the prompt and the last ``history_turns`` turns (None: all). ``chat_format``: the
+    policy's (``envs.formats``): how its prompt shows tools and how its actions are read."""
     tok = engine.tokenizer
     traj = Trajectory(
         trajectory_id=uuid.uuid4().hex, task_id=task.task_id, group_id=group_id, prompt_ids=[],
@@ -51,9 +58,10 @@ async def run_episode(
     )
     timings = {"generate": 0.0, "env": 0.0}
     try:
+        env.chat_format = chat_format
         obs = await env.reset(task)
-        traj.prompt_ids = chat.prompt_ids(tok, task.messages, task.tools)
-        window = _Window(max_context_tokens, history_turns)
+        traj.prompt_ids = chat.prompt_ids(tok, task.messages, task.tools, chat_format)
+        window = _Window(max_context_tokens, history_turns, chat_format)
         await _play(engine, env, traj, obs.anchor, params, window, timings)
     except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the run
         traj.finish_reason = "error"
@@ -68,6 +76,7 @@ async def run_episode(
 class _Window:
     max_tokens: int
     history_turns: int | None
+    chat_format: str = "hermes"
 
 
 async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor: str,
@@ -86,7 +95,7 @@ async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor
         comp = await engine.generate(context, replace(params, max_new_tokens=budget),
                                      session_id=traj.trajectory_id)
         t1 = time.perf_counter()
-        text = tok.decode(comp.token_ids, skip_special_tokens=True)
+        text = chat.decode_action(tok, comp.token_ids, window.chat_format)
         step = await env.step(text)
         timings["generate"] += t1 - t0
         timings["env"] += time.perf_counter() - t1
@@ -101,7 +110,8 @@ async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor
             traj.answer = step.answer
             traj.finish_reason = "answer" if step.answer is not None else "max_turns"
             return
-        turn.observation_ids = chat.observation_ids(tok, step.observation.messages, comp.finish_reason == "stop")
+        turn.observation_ids = chat.observation_ids(tok, step.observation.messages, comp.finish_reason == "stop",
+                                                    window.chat_format)
         anchor = step.observation.anchor
     traj.finish_reason = "max_turns"
 

@@ -77,8 +77,8 @@ class ActorEnvPort:
     def __init__(self, host: Any) -> None:
         self.handle = host
 
-    async def open(self, task: Task) -> tuple[str, Observation, int]:
-        return await self.handle.open.remote(task)
+    async def open(self, task: Task, chat_format: str = "hermes") -> tuple[str, Observation, int]:
+        return await self.handle.open.remote(task, chat_format)
 
     async def step(self, episode_id: str, action: str) -> StepResult:
         return await self.handle.step.remote(episode_id, action)

@@ -15,7 +15,7 @@ from envs.base import Environment, Observation, StepResult, Task
 class EnvHostPort(Protocol):
     """The three calls a remote episode makes (``rollout.ports.ActorEnvPort`` binds Ray)."""
 
-    async def open(self, task: Task) -> tuple[str, Observation, int]: ...
+    async def open(self, task: Task, chat_format: str = "hermes") -> tuple[str, Observation, int]: ...
     async def step(self, episode_id: str, action: str) -> StepResult: ...
     def close(self, episode_id: str) -> None: ...
 
@@ -26,7 +26,7 @@ class RemoteEnvironment(Environment):
         self.episode_id: str | None = None
 
     async def reset(self, task: Task) -> Observation:
-        self.episode_id, obs, self.max_turns = await self.host.open(task)
+        self.episode_id, obs, self.max_turns = await self.host.open(task, self.chat_format)
         return obs
 
     async def step(self, action: str) -> StepResult:

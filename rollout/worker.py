@@ -56,7 +56,7 @@ class RolloutWorker:
         trajs = await asyncio.gather(*[
             run_episode(self.engine, self._envs.make_env(), task, params, group_id=gid,
                         max_context_tokens=self.cfg.max_context_tokens,
-                        history_turns=self.cfg.history_turns)
+                        history_turns=self.cfg.history_turns, chat_format=self.cfg.chat_format)
             for _ in range(n)
         ])
         for traj in trajs:

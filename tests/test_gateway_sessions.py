@@ -138,8 +138,7 @@ def test_changed_tools_count_as_rewritten_history(tok) -> None:
 
 
 # A template that re-renders the first message when it is a user turn followed by more turns:
-# not append-only (observation_text raises), but harmless to conversations that open with a
-# system message.
+# not append-only, but every assistant turn ends the same way, so a delta exists.
 FIRST_USER_MARKED = """\
 {%- for m in messages -%}
 <|im_start|>{{ m.role }}
@@ -147,44 +146,72 @@ FIRST_USER_MARKED = """\
 {% endfor -%}
 {%- if add_generation_prompt -%}<|im_start|>assistant
 {% endif -%}"""
+# One that also ends the last assistant turn differently (" " before end-of-turn): once another
+# message follows, the turn's end changes, so no delta can follow the sampled tokens.
+LAST_TURN_PADDED = FIRST_USER_MARKED.replace("{{ m.content }}", "{{ m.content }}{% if loop.last and "
+                                             "m.role == 'assistant' %} {% endif %}")
+
+
+def _with_template(tok, template: str):
+    other = copy.deepcopy(tok)
+    other.chat_template = template
+    return other
 
 
 @pytest.fixture(scope="module")
 def marked_tok(tok):
-    other = copy.deepcopy(tok)
-    other.chat_template = FIRST_USER_MARKED
-    with pytest.raises(ValueError, match="append-only"):
+    return _with_template(tok, FIRST_USER_MARKED)
+
+
+@pytest.fixture(scope="module")
+def padded_tok(tok):
+    other = _with_template(tok, LAST_TURN_PADDED)
+    with pytest.raises(ValueError, match="ends an assistant turn differently"):
         chat.observation_text(other, [{"role": "user", "content": "x"}])
     return other
 
 
-def test_a_template_that_rewrites_the_prompt_counts_template_not_append_only(marked_tok) -> None:
+def test_a_template_that_rerenders_history_still_stitches_the_sampled_tokens(marked_tok) -> None:
     rec = SessionRecorder(marked_tok)
-    _, p = _two_turns(rec, marked_tok, "s", [QUESTION], ids(marked_tok, "Paris"), "Paris",
+    p1, p = _two_turns(rec, marked_tok, "s", [QUESTION], ids(marked_tok, "Paris"), "Paris",
+                       [{"role": "user", "content": "Thanks!"}])
+    assert p.continues == 0 and p.cause is None and not p.by_render
+    # The engine sees the first prompt as it was sampled from, not the re-rendered " (continued)".
+    assert p.prompt_ids[:len(p1.prompt_ids)] == p1.prompt_ids
+    assert p.prompt_ids != chat.prompt_ids(marked_tok, p.messages, [])
+    assert p.observation_ids == ids(marked_tok, "\n<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\n")
+    rec.record(p, [sampled(marked_tok, ids(marked_tok, "sunny"))], [split_action("sunny", "c", 0)])
+    [seg] = rec.segments("s")
+    assert seg.trajectory.token_ids()[:len(p.prompt_ids)] == p.prompt_ids and causes(rec) == {}
+
+
+def test_a_turn_end_the_template_rewrites_counts_template_not_append_only(padded_tok) -> None:
+    rec = SessionRecorder(padded_tok)
+    _, p = _two_turns(rec, padded_tok, "s", [QUESTION], ids(padded_tok, "Paris"), "Paris",
                       [{"role": "user", "content": "Thanks!"}])
     assert p.cause == "template_not_append_only" and p.continues is None
-    rec.record(p, [sampled(marked_tok, ids(marked_tok, "sunny"))], [split_action("sunny", "c", 0)])
+    rec.record(p, [sampled(padded_tok, ids(padded_tok, "sunny"))], [split_action("sunny", "c", 0)])
     assert causes(rec) == {"template_not_append_only": 1} and len(rec.segments("s")) == 2
 
 
-def test_sampled_ids_the_render_does_not_reproduce_count_retokenization_drift(marked_tok) -> None:
-    rec = SessionRecorder(marked_tok)
-    spelled = marked_tok.convert_tokens_to_ids(["P", "a", "r", "i", "s"])
-    p1, p = _two_turns(rec, marked_tok, "s", [SYSTEM, QUESTION], spelled, "Paris",
+def test_sampled_ids_the_render_does_not_reproduce_count_retokenization_drift(padded_tok) -> None:
+    rec = SessionRecorder(padded_tok)
+    spelled = padded_tok.convert_tokens_to_ids(["P", "a", "r", "i", "s"])
+    p1, p = _two_turns(rec, padded_tok, "s", [SYSTEM, QUESTION], spelled, "Paris",
                        [{"role": "user", "content": "Thanks!"}])
     assert p.cause == "retokenization_drift" and p.prompt_ids[:len(p1.prompt_ids)] == p1.prompt_ids
-    rec.record(p, [sampled(marked_tok, ids(marked_tok, "sunny"))], [split_action("sunny", "c", 0)])
+    rec.record(p, [sampled(padded_tok, ids(padded_tok, "sunny"))], [split_action("sunny", "c", 0)])
     assert causes(rec) == {"retokenization_drift": 1} and len(rec.segments("s")) == 2
 
 
-def test_a_full_render_that_extends_the_tokens_stays_in_the_segment(marked_tok) -> None:
-    rec = SessionRecorder(marked_tok)
-    p1, p = _two_turns(rec, marked_tok, "s", [SYSTEM, QUESTION], ids(marked_tok, "Paris"), "Paris",
+def test_a_full_render_that_extends_the_tokens_stays_in_the_segment(padded_tok) -> None:
+    rec = SessionRecorder(padded_tok)
+    p1, p = _two_turns(rec, padded_tok, "s", [SYSTEM, QUESTION], ids(padded_tok, "Paris"), "Paris",
                        [{"role": "user", "content": "Thanks!"}])
     assert p.continues == 0 and p.by_render and p.cause is None
-    rec.record(p, [sampled(marked_tok, ids(marked_tok, "sunny"))], [split_action("sunny", "c", 0)])
+    rec.record(p, [sampled(padded_tok, ids(padded_tok, "sunny"))], [split_action("sunny", "c", 0)])
     [seg] = rec.segments("s")
-    assert seg.trajectory.turns[0].observation_ids == ids(marked_tok, "\n<|im_start|>user\nThanks!<|im_end|>\n"
+    assert seg.trajectory.turns[0].observation_ids == ids(padded_tok, "\n<|im_start|>user\nThanks!<|im_end|>\n"
                                                                       "<|im_start|>assistant\n")
     assert rec.counters["stitched_by_render"] == 1 and causes(rec) == {}
 

@@ -135,6 +135,7 @@ def read_json_call(body: str, done: bool, arg_keys: tuple[str, ...]) -> CallDraf
             draft.name = None
     if done:
         _validate(draft, body, arg_keys)
+        draft.arguments = draft.arguments or "{}"  # none written: nothing of them was streamed
     return draft
 
 

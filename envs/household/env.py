@@ -77,7 +77,7 @@ class HouseholdEnv(SyncEnvironment):
         if self.house is None or self.goal is None or self.done:
             raise RuntimeError("step() called with no episode running: call reset(task) first")
         self.turn += 1
-        parsed = parse_action(action)
+        parsed = parse_action(action, self.chat_format)
         messages = [tool_message(None, f"Error: {e}") for e in parsed.errors]
         invalid = bool(parsed.errors)
         if not parsed.calls and not parsed.errors:

@@ -83,7 +83,7 @@ class ToolUseEnv(SyncEnvironment):
         if self.task is None or self.done:
             raise RuntimeError("step() called with no episode running: call reset(task) first")
         self.turn += 1
-        parsed = parse_action(action)
+        parsed = parse_action(action, self.chat_format)
         if parsed.answer is not None:
             return parsed, self._finish(parsed)
         if not parsed.calls and not parsed.errors:
