@@ -4,8 +4,8 @@
 
 - ``requirements.lock``: what the project needs to run (``make demo``, the images): exactly the
   closure of pyproject.toml's ``dependencies`` over the packages' declared requirements, extras
-  and environment markers followed, plus ``RUNTIME_EXTRAS`` (imported at run time, declared by
-  no dependency).
+  and environment markers followed, plus ``setuptools`` (torch's JIT extensions import it at
+  run time without declaring it).
 - ``requirements-test.lock``: the rest (``make test``): the ``test`` extra's closure and the
   optional packages some tests exercise; nothing in both files.
 
@@ -29,11 +29,8 @@ sys.path.insert(0, str(ROOT))  # run as a script too
 from tools.install import pins as pin_lines  # noqa: E402
 from tools.install import project_name as normalize  # noqa: E402
 
-RUNTIME_EXTRAS = {"setuptools", "bfcl-eval"}
-"""Run-time pins no dependency declares: setuptools (torch.utils.cpp_extension imports it);
-bfcl-eval (``env.type: bfcl``), installed without its declared requirements, which pin numpy
-1.26.4 and every vendor SDK it can call: the parts envs/bfcl uses import only mpmath beyond
-the standard library, and mpmath is in the closure already."""
+RUNTIME_EXTRAS = {"setuptools"}
+"""Imported at run time (torch.utils.cpp_extension) though no dependency declares it."""
 
 
 def pins(path: Path) -> dict[str, str]:

@@ -40,8 +40,8 @@ def package_data() -> Path:
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            "env.type bfcl needs the bfcl-eval wheel: it is pinned in requirements.lock "
-            "(install with: pip install --no-deps bfcl-eval==2026.3.23)")
+            "env.type bfcl needs the bfcl-eval wheel (pinned in requirements-test.lock, which "
+            "make test installs): pip install --no-deps bfcl-eval==2026.3.23")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
