@@ -196,3 +196,52 @@ def test_demonstrations_are_rewritten_into_the_policys_format(toks) -> None:
     assert ids[-1] == tok.eos_token_id
     assert tok.decode(ids[:-1]) == '{"name": "search", "parameters": {"query": "capital of France"}}'
     assert chat.action_ids(tok, demo) == tok(demo, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+# -- token-exact with a template that is not append-only (Qwen3's) ---------------------------------
+def test_qwen3_live_session_keeps_the_sampled_reasoning_the_template_would_drop(toks) -> None:
+    """Qwen3's template drops an earlier turn's <think> once a new user message follows. The
+    recorder still builds the next prompt from the sampled ids plus the template's delta, so
+    the segment holds exactly what the engine saw and sampled, reasoning included."""
+    from gateway.sessions import CAUSES, SessionRecorder
+    from gateway.toolcalls import split_action, template_messages
+    from gateway.openai_types import parse_chat_request
+
+    tok = toks["qwen3"]
+    rec = SessionRecorder(tok, chat_format="qwen3")
+    first = template_messages(parse_chat_request({"messages": [USER], "tools": TOOLS}).messages)
+    p1 = rec.prepare("s", first, TOOLS)
+    assert p1.prompt_ids == chat.prompt_ids(tok, first, TOOLS)  # the template shows the tools itself
+    text = "<think>\nThe capital is well known.\n</think>\n\n<answer>Paris</answer>"
+    action = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    reply = split_action(text, "chatcmpl-q", 0, True, "qwen3")
+    assert (reply.reasoning, reply.content) == ("The capital is well known.", "<answer>Paris</answer>")
+    rec.record(p1, [Sampled(action, [-0.1] * len(action), "stop", [(0, 0)])], [reply])
+    # The client sends our message back without the reasoning (as OpenAI clients do), then a question.
+    body = {"messages": [USER, reply.message().wire() | {"reasoning_content": None},
+                         {"role": "user", "content": "Thanks! And Spain?"}], "tools": TOOLS}
+    p2 = rec.prepare("s", template_messages(parse_chat_request(body).messages), TOOLS)
+    delta = "\n<|im_start|>user\nThanks! And Spain?<|im_end|>\n<|im_start|>assistant\n"
+    assert p2.continues == 0 and p2.cause is None
+    assert p2.prompt_ids == p1.prompt_ids + action + tok(delta, add_special_tokens=False)["input_ids"]
+    fresh = chat.prompt_text(tok, p2.messages, TOOLS, "qwen3")
+    assert "The capital is well known." not in fresh  # what a re-render would have trained on
+    rec.record(p2, [Sampled(action, [-0.1] * len(action), "stop", [(0, 0)])], [reply])
+    [seg] = rec.segments("s")
+    assert seg.trajectory.token_ids() == p2.prompt_ids + action
+    assert tok.decode(seg.trajectory.turns[0].action_ids).startswith("<think>\nThe capital is well known.")
+    assert {c: n for c, n in rec.counters.items() if c in CAUSES and n} == {} and rec.counters["stitched"] == 1
+
+
+def test_the_delta_after_a_turn_is_what_each_published_template_writes(toks) -> None:
+    """observation_text on every family: the template's text after an assistant turn's end,
+    through the next assistant header (Qwen3's included, which the old append-only check refused)."""
+    tool = [{"role": "tool", "content": "Paris", "tool_call_id": "call0abcdefgh"}]
+    want = {"qwen2_5": "\n<|im_start|>user\n<tool_response>\nParis\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+            "qwen3": "\n<|im_start|>user\n<tool_response>\nParis\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+            "llama3_1": '<|start_header_id|>ipython<|end_header_id|>\n\n{"output": "Paris"}<|eot_id|>'
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            "mistral": "[TOOL_RESULTS]Paris[/TOOL_RESULTS]",
+            "smollm2": "\n<|im_start|>tool\nParis<|im_end|>\n<|im_start|>assistant\n"}
+    for family, text in want.items():
+        assert chat.observation_text(toks[family], tool, family_format(family)) == text, family

@@ -165,3 +165,41 @@ def test_history_window_bounds_what_the_engine_sees(engine) -> None:
         ids, owner = next(r for r in rows if t in r[1])
         at = owner.index(t)
         assert ids[:at] == rec.contexts[t] and ids[at: at + len(turn.action_ids)] == turn.action_ids
+
+
+class _Qwen3Template(_Recording):
+    """The real engine, its tokenizer carrying Qwen3's published chat template (same tokens)."""
+
+    def __init__(self, engine) -> None:
+        import copy
+        from pathlib import Path
+
+        super().__init__(engine)
+        self._tok = copy.deepcopy(engine.tokenizer)
+        self._tok.chat_template = (Path(__file__).parent / "data/chat_templates/qwen3.jinja").read_text()
+
+    @property
+    def tokenizer(self):
+        return self._tok
+
+
+def test_an_episode_under_qwen3s_template_appends_deltas_to_the_sampled_tokens(engine) -> None:
+    """Qwen3's template renders an assistant turn one way when it is last (an empty <think>
+    block) and another once messages follow: not append-only, which the episode once refused.
+    Each turn is now sampled from the kept ids plus the template's delta for the tool results."""
+    from envs.registry import make_task_source
+
+    source = make_task_source({"type": "household", "num_train_tasks": 2, "num_heldout_tasks": 1, "max_turns": 5})
+    task, rec = source.tasks("train")[0], _Qwen3Template(engine)
+    traj = asyncio.run(run_episode(rec, source.make_env(), task, SamplingParams(temperature=1.0, max_new_tokens=12),
+                                   group_id="g", max_context_tokens=4096, chat_format="qwen3"))
+    assert traj.error is None and len(traj.turns) == 5
+    tok = rec.tokenizer
+    assert traj.prompt_ids == chat.prompt_ids(tok, task.messages, task.tools, "qwen3")
+    for t, seen in enumerate(rec.contexts):
+        assert seen == traj.context_ids(0, t)  # the prompt, then every action and observation as kept
+    for turn in traj.turns[:-1]:  # tool results or (no action found) a user message: Qwen3's user turn
+        ended = turn.action_ids[-1] == tok.eos_token_id  # else the eos is supplied outside the loss
+        obs = tok.decode(turn.observation_ids)
+        assert obs.startswith(("" if ended else "<|im_end|>") + "\n<|im_start|>user\n")
+        assert obs.endswith("<|im_end|>\n<|im_start|>assistant\n")
