@@ -27,6 +27,8 @@ prompt ids the engine will see, and :meth:`SessionRecorder.record` stores what i
 
   A full render that does start with the recorded prompt + completion ids still joins the
   segment (counted ``stitched_by_render``): its remainder is a token-exact extension.
+  A stitched request whose conversation a fresh render would tokenize differently is counted
+  ``stitched_over_rerender``: the recorded tokens are still the sampled ones.
 
 ``n > 1``: the client continues one choice, and only the next request says which. The segment
 records choice 0 (what a client that never continues would show) and swaps in the continued
@@ -59,7 +61,7 @@ from rollout.trajectory import LiveOrigin, Trajectory, Turn
 CAUSES = ("history_rewritten", "template_not_append_only", "retokenization_drift", "concurrent_requests",
           "closed_in_flight")
 COUNTERS = ("sessions_opened", "sessions_closed", "requests", "stitched", "stitched_by_render",
-            "segments", "unchosen_choices", *CAUSES)
+            "stitched_over_rerender", "segments", "unchosen_choices", *CAUSES)
 
 
 class SampledCompletion(Protocol):
@@ -95,6 +97,10 @@ class PreparedPrompt:
     """Tokens after the continued completion (tool results, next header); stitched only."""
     by_render: bool = False
     """Stitched from a full render that extended the recorded ids token for token."""
+    over_rerender: bool = False
+    """Stitched, though a fresh render of the conversation gives other ids (the template
+    re-renders history, e.g. Qwen3 dropping earlier reasoning, or the sampled ids do not
+    re-tokenize to themselves): what a re-tokenizing trainer would have got wrong."""
     cause: str | None = None
     """Why a new segment starts (None: stitched, or the session's first request)."""
 
@@ -223,6 +229,7 @@ class SessionRecorder:
         except ValueError:  # the template ends the turn differently now: only a full render is right
             return self._by_render(base, last, k, done)
         base.prompt_ids, base.continues, base.observation_ids = done + obs, k, obs
+        base.over_rerender = chat.prompt_ids(self.tokenizer, messages, tools, self.chat_format) != base.prompt_ids
         return base
 
     def _new_segment(self, base: PreparedPrompt, cause: str, ids: list[int] | None = None) -> PreparedPrompt:
@@ -304,6 +311,7 @@ class SessionRecorder:
         if seg.trajectory.token_ids() != prepared.prompt_ids:
             raise RuntimeError(f"session {session.session_id}: stitched prompt is not the segment's tokens")
         self._counters["stitched_by_render" if prepared.by_render else "stitched"] += 1
+        self._counters["stitched_over_rerender"] += prepared.over_rerender
 
 
 def _append(seg: LiveSegment, choice: _Choice) -> None:

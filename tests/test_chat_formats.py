@@ -229,8 +229,9 @@ def test_qwen3_live_session_keeps_the_sampled_reasoning_the_template_would_drop(
     rec.record(p2, [Sampled(action, [-0.1] * len(action), "stop", [(0, 0)])], [reply])
     [seg] = rec.segments("s")
     assert seg.trajectory.token_ids() == p2.prompt_ids + action
-    assert tok.decode(seg.trajectory.turns[0].action_ids).startswith("<think>\nThe capital is well known.")
+    assert list(seg.trajectory.turns[0].action_ids) == action  # the reasoning's tokens included
     assert {c: n for c, n in rec.counters.items() if c in CAUSES and n} == {} and rec.counters["stitched"] == 1
+    assert p2.over_rerender and rec.counters["stitched_over_rerender"] == 1
 
 
 def test_the_delta_after_a_turn_is_what_each_published_template_writes(toks) -> None:

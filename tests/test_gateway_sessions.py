@@ -183,6 +183,7 @@ def test_a_template_that_rerenders_history_still_stitches_the_sampled_tokens(mar
     rec.record(p, [sampled(marked_tok, ids(marked_tok, "sunny"))], [split_action("sunny", "c", 0)])
     [seg] = rec.segments("s")
     assert seg.trajectory.token_ids()[:len(p.prompt_ids)] == p.prompt_ids and causes(rec) == {}
+    assert p.over_rerender and rec.counters["stitched_over_rerender"] == 1
 
 
 def test_a_turn_end_the_template_rewrites_counts_template_not_append_only(padded_tok) -> None:
