@@ -16,7 +16,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping, Protocol
 
-from learner.deepspeed_setup import free_port
 from rollout.engines.transport import (BroadcastGroup, BroadcastWeights, FileWeightsWriter, ObjectStoreWeights,
                                        WeightHandle, plan_buckets)
 
@@ -52,6 +51,8 @@ class BroadcastPublisher:
         import threading
 
         import torch
+
+        from learner.deepspeed_setup import free_port  # here: the sync actor never imports torch
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.init = {"host": _node_ip(), "port": free_port(""), "world_size": 1 + engines,

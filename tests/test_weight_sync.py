@@ -157,7 +157,9 @@ def test_replay_admits_for_a_version_only_once_every_engine_serves_it(ray_cluste
         from transformers import AutoModelForCausalLM
 
         ports.publish(1, _perturbed(AutoModelForCausalLM.from_pretrained(policy), 0.01), (claim.claim_id, False))
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60  # engine 1 loads at once; how long that takes depends on load
+        while ray.get(engines[1].version.remote()) != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert ray.get([e.version.remote() for e in engines]) == [0, 1]  # one serves it, one cannot yet
         assert ray.get(replay.stats.remote()).version == 0  # so no ack, and no group admitted for it
         assert ray.get(replay.reserve.remote(5)) == 0
