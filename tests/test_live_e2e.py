@@ -21,9 +21,9 @@ TOKEN = "live-e2e-token"
 
 
 def _served(content: str | None, calls) -> dict:
-    """What the client got for one turn: its content and its calls (name, parsed arguments)."""
-    return {"content": content or None,
-            "calls": [(c.function.name, json.loads(c.function.arguments)) for c in calls or []]}
+    """What the client got for one turn: its content and its calls (name, arguments as sent:
+    the JSON the model wrote, which may be malformed)."""
+    return {"content": content or None, "calls": [(c.function.name, c.function.arguments) for c in calls or []]}
 
 
 def _streamed_calls(chunks) -> list:
@@ -147,9 +147,11 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
             # the recorded tokens say, for tool-call turns as for plain answers
             text = tokenizer.decode(turn["action_ids"], skip_special_tokens=True)
             reply = split_action(text, "any", 0)
-            assert (reply.content or None, [(c.name, c.arguments) for c in reply.calls]) == \
-                (served["content"], served["calls"])
-            assert [(c["name"], c["arguments"]) for c in turn["tool_calls"]] == served["calls"]
+            assert (reply.content or None, reply.wire) == (served["content"], served["calls"])
+            # the turn records the well-formed calls (a malformed one marks it invalid)
+            assert [(c["name"], c["arguments"]) for c in turn["tool_calls"]] == [(c.name, c.arguments)
+                                                                                 for c in reply.calls]
+            assert turn["invalid_action"] == bool(reply.errors)
     # the agent called its tool: the token-exact check above covered a tool-call turn
     assert any(served[0]["calls"] for served in texts.values())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
