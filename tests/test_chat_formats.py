@@ -246,3 +246,22 @@ def test_the_delta_after_a_turn_is_what_each_published_template_writes(toks) -> 
             "smollm2": "\n<|im_start|>tool\nParis<|im_end|>\n<|im_start|>assistant\n"}
     for family, text in want.items():
         assert chat.observation_text(toks[family], tool, family_format(family)) == text, family
+
+
+def test_an_environment_host_parses_actions_in_the_format_the_rollout_names() -> None:
+    """The format crosses the environment-actor boundary (EnvHost.open): the same text is a
+    call under llama3_json and no action at all under hermes."""
+    import asyncio
+
+    from envs.host import EnvHost
+
+    host = EnvHost({"type": "household", "num_train_tasks": 2, "num_heldout_tasks": 1})
+    task = host.source.tasks("train")[0]
+    action = '{"name": "act", "parameters": {"command": "look"}}'
+
+    async def step(chat_format: str):
+        episode, _, _ = await host.open(task, chat_format)
+        return (await host.step(episode, action)).tool_calls
+
+    assert asyncio.run(step("llama3_json")) == [ToolCall(name="act", arguments={"command": "look"})]
+    assert asyncio.run(step("hermes")) == []
