@@ -22,9 +22,9 @@ from rollout.engines.base import SEED_RANGE
 # OpenAI parameters this endpoint knows but does not implement: named in the 400 as unsupported
 # rather than unknown, so a client learns the server read the name.
 UNSUPPORTED_PARAMS = frozenset({
-    "audio", "function_call", "functions", "logit_bias", "metadata", "modalities", "prediction",
-    "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "service_tier",
-    "store", "verbosity", "web_search_options", "prompt_cache_retention",
+    "audio", "function_call", "functions", "logit_bias", "modalities", "prediction",
+    "prompt_cache_key", "reasoning_effort", "safety_identifier", "service_tier",
+    "verbosity", "web_search_options", "prompt_cache_retention",
 })
 MAX_N = 16
 
@@ -136,6 +136,15 @@ class ChatCompletionRequest(_Strict):
     frequency_penalty: Literal[0] | None = None
     parallel_tool_calls: Literal[True] | None = None
     """The model may always write several calls in one message; false is not enforceable."""
+    response_format: dict[str, Any] | None = None
+    """Only ``{"type": "text"}`` (what a reply is anyway): the JSON modes (``json_object``,
+    ``json_schema``) need constrained decoding, which this server's engines do not do."""
+    store: Literal[False] | None = None
+    """Only false: nothing is kept for OpenAI's stored-completions API (the run records every
+    session its own way, docs/live.md)."""
+    metadata: dict[str, str] | None = None
+    """Tags OpenAI keeps with a stored completion; accepted and ignored, as they change nothing
+    served or recorded."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "ChatCompletionRequest":
@@ -146,6 +155,9 @@ class ChatCompletionRequest(_Strict):
                                  "send one of them")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options", "stream_options needs stream: true")
+        if self.response_format is not None and self.response_format != {"type": "text"}:
+            raise InvalidRequest("response_format", "response_format must be {'type': 'text'} (the JSON "
+                                 "modes need constrained decoding, which this server's engine does not do)")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
         return self
@@ -206,7 +218,11 @@ def _named(exc: ValidationError) -> InvalidRequest:
         "frequency_penalty": "frequency_penalty must be 0 (penalties are not implemented)",
         "parallel_tool_calls": "parallel_tool_calls must be true (one call per message cannot "
                                "be enforced)",
+        "store": "store must be false (completions are not stored for retrieval)",
     }
+    if err.param is not None and err.param.endswith(".function.strict"):
+        return InvalidRequest(err.param, "strict must be false or absent: strict tool schemas need "
+                                         "constrained decoding, which this server's engine does not do")
     return InvalidRequest(err.param, hints[err.param]) if err.param in hints else err
 
 
