@@ -1,11 +1,12 @@
 """Engine throughput and weight updates: the HF engine, the vLLM engine and plain
 ``model.generate``, side by side in one run.
 
-    .venv/bin/python bench/engines.py [--quick] [--batch B] [--requests R] [--max-new-tokens T] [--no-vllm]
-                                      [--device cuda] [--no-updates]
+    .venv/bin/python bench/engines.py [--quick] [--model tiny|smollm2] [--batch B] [--requests R]
+                                      [--max-new-tokens T] [--no-vllm] [--device cuda] [--no-updates]
 
-Same model (the tiny warm-started policy of bench/serving.py), the same search-QA prompts, the
-same sampling (temperature 0.7, top-p 1, at most T new tokens, stopping at end-of-turn):
+Same model on every side (``--model tiny``: the tiny warm-started policy of bench/serving.py;
+``--model smollm2``: SmolLM2-135M-Instruct converted from its package, learner/pretrained.py),
+the same search-QA prompts, the same sampling (temperature 0.7, top-p 1, at most T new tokens, stopping at end-of-turn):
 
 1. **Equal batch.** B prompts at once: one ``model.generate`` call on the left-padded batch,
    against B concurrent requests to each engine. Prints generated tokens/s of each and the
@@ -18,9 +19,11 @@ same sampling (temperature 0.7, top-p 1, at most T new tokens, stopping at end-o
    of ``model.generate`` at the same batch: the Python the engine adds per token.
 4. **Weight updates.** Latency of ``update_weights`` into each engine per transport (in memory,
    Ray object store, safetensors file in /dev/shm, bucketed gloo broadcast from another
-   process), with the bytes moved and GB/s; each engine keeps serving in between. On a GPU
-   machine a plain NCCL broadcast of the same bytes would be the physical reference: this CPU
-   has none, so it is not printed.
+   process), with the bytes moved and GB/s; each engine keeps serving in between. Beside each,
+   the ratio to a plain in-memory copy of the same bytes (``copy_`` into tensors allocated
+   beforehand, best of the repeats): the physical reference on this CPU, what no transport can
+   beat. On a GPU machine a plain NCCL broadcast of the same bytes would be the other
+   reference: this CPU has none, so it is not printed.
 
 Tokens are counted as generated (rows that stop early stop counting), so both sides are
 charged for the padding rows they carry. ``--device cuda`` puts ``generate``'s model and the HF
@@ -115,9 +118,34 @@ def engine_config(kind: str, max_batch: int, device: str = "cpu") -> Any:
     return VLLMEngineConfig(max_num_seqs=max_batch, torch_threads=2, max_model_len=2048)
 
 
+def policy_and_source(model: str, show_progress: bool = True) -> tuple[str, Any]:
+    """The policy folder and the search-QA task source the prompts come from."""
+    if model == "tiny":
+        return build_policy(show_progress=show_progress)
+    from envs.config import SearchQAConfig
+    from envs.registry import make_task_source
+    from learner.config import PolicyConfig
+    from learner.pretrained import convert
+
+    return str(convert(model, PolicyConfig().models_dir)), make_task_source(SearchQAConfig())
+
+
+def memory_copy_s(state: dict[str, torch.Tensor], repeats: int) -> float:
+    """Best seconds to copy every tensor of ``state`` into tensors allocated beforehand."""
+    dst = {k: torch.empty_like(v) for k, v in state.items()}
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        for k, v in state.items():
+            dst[k].copy_(v)
+        return time.perf_counter() - t0
+
+    return min(once() for _ in range(max(repeats, 3)))
+
+
 def run_transports(client: Any, policy: str, repeats: int) -> list[tuple[str, int, float]]:
     """Weight-update latency into ``client``'s engine per transport: (transport, bytes, best
-    seconds)."""
+    seconds); first ("memory copy") the plain copy of the same bytes."""
     import multiprocessing
     import tempfile
 
@@ -144,7 +172,8 @@ def run_transports(client: Any, policy: str, repeats: int) -> list[tuple[str, in
         asyncio.run(client.update_weights(version, make_handle(version)))
         return time.perf_counter() - t0
 
-    out = [("memory", nbytes, min(timed_update(lambda v: InMemoryWeights(state)) for _ in range(repeats))),
+    out = [("memory copy", nbytes, memory_copy_s(state, repeats)),
+           ("memory", nbytes, min(timed_update(lambda v: InMemoryWeights(state)) for _ in range(repeats))),
            ("ray object store", nbytes, min(timed_update(lambda v: ObjectStoreWeights.put(state))
                                           for _ in range(repeats)))]
     writer = FileWeightsWriter(shm)
@@ -170,7 +199,7 @@ def broadcast_sender(init: dict, state: dict, layout: list, times: int) -> None:
         group.send(state, layout)
 
 
-def run_side(side: str, policy: str, batch: int, requests: int, max_new: int,
+def run_side(side: str, model_name: str, policy: str, batch: int, requests: int, max_new: int,
              repeats: int, device: str = "cpu", updates: bool = True) -> dict[str, Any]:
     """Everything measured of one side, in this (fresh) process: per phase ("batch", "load")
     the (tokens, seconds, request latencies) of its best repeat, and for an engine its weight
@@ -183,7 +212,7 @@ def run_side(side: str, policy: str, batch: int, requests: int, max_new: int,
 
     from rollout.engines import local_client
 
-    _, source = build_policy(show_progress=False)
+    _, source = policy_and_source(model_name, show_progress=False)
     prompts = prompts_of(policy, source, max(batch, requests))
     tok = AutoTokenizer.from_pretrained(policy)
     if side == "generate":
@@ -230,6 +259,8 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="batch 8, 16 requests, 24 new tokens, 3 repeats")
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                   help="the tiny bench policy, or SmolLM2-135M-Instruct (converted once: make smollm2)")
     p.add_argument("--batch", type=int, default=16, help="B, the equal-batch size")
     p.add_argument("--requests", type=int, default=64, help="R, requests arriving together")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -240,11 +271,11 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 3
-    policy, _ = build_policy()
+    policy, _ = policy_and_source(args.model)
     engines = ["hf"] if args.no_vllm else ["hf", "vllm"]
     res, updates = {}, {}
     for side in ("generate", *engines):
-        out = in_fresh_process(run_side, side, policy, args.batch, args.requests, args.max_new_tokens,
+        out = in_fresh_process(run_side, side, args.model, policy, args.batch, args.requests, args.max_new_tokens,
                                args.repeats, args.device, not args.no_updates)
         res |= {(side, phase): out[phase] for phase in ("batch", "load")}
         if "updates" in out:
@@ -256,7 +287,7 @@ def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
     tps = {key: tokens / seconds for key, (tokens, seconds, _) in res.items()}
     q = lambda xs, k: statistics.quantiles(xs, n=100)[k - 1] if len(xs) > 1 else xs[0]  # noqa: E731
     name = {"generate": "model.generate", "hf": "HF engine", "vllm": "vLLM engine"}
-    print(f"\nengines: tiny policy, temperature {TEMPERATURE}, <= {args.max_new_tokens} new tokens, 2 torch "
+    print(f"\nengines: {args.model} policy, temperature {TEMPERATURE}, <= {args.max_new_tokens} new tokens, 2 torch "
           f"threads, each side in its own process, on {args.device}")
     print(f"1. equal batch of {args.batch}: " + ", ".join(f"{name[s]} {tps[s, 'batch']:.0f} tok/s"
                                                           for s in ("generate", *engines)))
@@ -274,11 +305,13 @@ def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
           f"{per['generate']:.3f} ms/token, the engine adds {per['hf'] - per['generate']:+.3f} ms/token")
     if args.no_updates:
         return
-    print("4. weight update latency (best of the repeats; bytes of the tied-once state dict):")
+    print("4. weight update latency (best of the repeats; bytes of the tied-once state dict; x copy: "
+          "seconds over a plain in-memory copy of the same bytes):")
     for kind in engines:
+        copy_s = updates[kind][0][2]
         for transport, nbytes, seconds in updates[kind]:
             print(f"   {name[kind]:<11} {transport:<17} {nbytes / 1e6:7.2f} MB  {seconds * 1e3:8.1f} ms  "
-                  f"{nbytes / seconds / 1e9:6.3f} GB/s")
+                  f"{nbytes / seconds / 1e9:6.3f} GB/s  x copy {seconds / copy_s:7.1f}")
     print("   NCCL broadcast of the same bytes (physical reference): not measured, no GPU on this machine")
 
 
