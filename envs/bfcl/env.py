@@ -45,10 +45,6 @@ def checker_entry(task: Task) -> dict[str, Any]:
 class BfclEnv(SyncEnvironment):
     """One BFCL episode at a time; multi-turn calls run in the episode's worker process."""
 
-    chat_format: str = "hermes"
-    """The policy's chat format (``envs.formats``), which actions are parsed in; the rollout
-    sets it on each new episode."""
-
     def __init__(self, cfg: BfclConfig) -> None:
         self.cfg = cfg
         self.max_turns = cfg.max_turns
