@@ -47,6 +47,28 @@ def test_conversion_is_cached_and_loads_as_a_plain_folder(smollm2: Path) -> None
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_ig_scorer_shares_prefixes_exactly_on_smollm2(smollm2: Path) -> None:
+    # The IG scorer's shared-prefix path (one pass over the longest context, custom 4D masks,
+    # explicit positions) on a real model with grouped-query attention (9 query heads over 3
+    # key/value heads) and tied embeddings: each boundary's value equals a full forward's.
+    import torch
+    from test_ig import make_traj
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rewards.config import IGConfig
+    from rewards.ig_scorer import IGScorer
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    trajs = [make_traj(tok, "a", 3), make_traj(tok, "bb", 2, gold="Rome")]
+    scorer = IGScorer(model, tok, IGConfig(mode="log_prob_diff"))
+    shared, per_turn = scorer.score(trajs), scorer.score_per_turn(trajs)
+    for got, ref, traj in zip(shared, per_turn, trajs):
+        assert len(got.values) == len(traj.turns) and len(got.ig) == len(traj.turns) - 1
+        assert got.values == pytest.approx(ref.values, abs=1e-4)
+        assert got.ig == pytest.approx(ref.ig, abs=1e-4)
+
+
 def test_one_rl_step_trains_a_rollout_group_and_a_live_session(smollm2: Path, ray_cluster, tmp_path) -> None:
     from transformers import AutoTokenizer
 
