@@ -12,7 +12,9 @@ evaluates can neither exhaust the machine's memory nor write beside the project.
   multi-turn verdict (``envs.bfcl.official.multi_turn_verdict``) on fresh instances.
 
 A request that raises gets ``{"ok": false, "error": ...}``; the process lives on. Prints from
-BFCL's code go to a buffer, never into the reply stream.
+BFCL's code go to a buffer, never into the reply stream. The cap, the folder and the names the
+environment refuses to send (``envs.bfcl.official.execution_string``) guard against a policy's
+accidents, not against hostile code: BFCL's executor ``eval``s what it is given.
 """
 
 from __future__ import annotations
