@@ -14,10 +14,25 @@ from pathlib import Path
 import openai
 import pytest
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = ROOT / ".cache" / "turnrl" / "models"  # once per checkout, as `make smollm2` converts
+
+
+def test_unknown_names_list_the_known_ones(tmp_path, capsys) -> None:
+    from cluster.cli import main
+    from learner.bootstrap import ensure_policy
+    from learner.config import PolicyConfig
+    from learner.pretrained import packaged
+
+    with pytest.raises(ValueError, match=r"unknown packaged model 'smollm3'; known: \['smollm2'\]"):
+        packaged("smollm3")
+    with pytest.raises(ValueError, match=r"policy.path: unknown builtin 'builtin:smol'; known: "
+                                         r"\['builtin:tiny', 'builtin:smollm2'\]"):
+        ensure_policy(PolicyConfig(path="builtin:smol"), None, None)
+    assert main(["models", "convert", "smollm3", "--dir", str(tmp_path)]) == 2
+    assert "unknown packaged model 'smollm3'" in capsys.readouterr().err
+    assert main(["models", "list", "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("smollm2: SmolLM2-135M-Instruct") and not list(tmp_path.iterdir())
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +43,7 @@ def smollm2() -> Path:
     return convert("smollm2", MODELS_DIR)
 
 
+@pytest.mark.slow
 def test_conversion_is_cached_and_loads_as_a_plain_folder(smollm2: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
@@ -47,6 +63,7 @@ def test_conversion_is_cached_and_loads_as_a_plain_folder(smollm2: Path) -> None
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
+@pytest.mark.slow
 def test_ig_scorer_shares_prefixes_exactly_on_smollm2(smollm2: Path) -> None:
     # The IG scorer's shared-prefix path (one pass over the longest context, custom 4D masks,
     # explicit positions) on a real model with grouped-query attention (9 query heads over 3
@@ -69,6 +86,7 @@ def test_ig_scorer_shares_prefixes_exactly_on_smollm2(smollm2: Path) -> None:
         assert got.ig == pytest.approx(ref.ig, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_one_rl_step_trains_a_rollout_group_and_a_live_session(smollm2: Path, ray_cluster, tmp_path) -> None:
     from transformers import AutoTokenizer
 
