@@ -265,3 +265,10 @@ def test_an_environment_host_parses_actions_in_the_format_the_rollout_names() ->
 
     assert asyncio.run(step("llama3_json")) == [ToolCall(name="act", arguments={"command": "look"})]
     assert asyncio.run(step("hermes")) == []
+
+    async def hint(chat_format: str) -> str:  # no action at all: the hint shows the format's syntax
+        episode, _, _ = await host.open(task, chat_format)
+        return (await host.step(episode, "I am not sure.")).observation.messages[0]["content"]
+
+    assert '{"name": "act", "parameters": {"command": "..."}}' in asyncio.run(hint("llama3_json"))
+    assert '<tool_call>{"name": "act", "arguments": {"command": "..."}}</tool_call>' in asyncio.run(hint("hermes"))

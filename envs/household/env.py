@@ -17,7 +17,7 @@ from typing import Any
 from envs.base import Observation, StepResult, SyncEnvironment, Task, step_observation
 from envs.household.tasks import Goal, plan, task_episode
 from envs.household.world import House
-from envs.toolcalls import ToolCall, parse_action
+from envs.toolcalls import ToolCall, format_call, parse_action
 from envs.tools import check_arguments, tool_message
 
 GOAL_REACHED = "goal reached"
@@ -33,10 +33,13 @@ ACT_TOOL: dict[str, Any] = {
         },
     },
 }
-NO_ACTION_HINT = (
-    'No action found. Act with <tool_call>{"name": "act", "arguments": {"command": "..."}}'
-    "</tool_call>, using one of the admissible commands."
-)
+def no_action_hint(chat_format: str = "hermes") -> str:
+    """What the model is told when it did not act, its call in the policy's format."""
+    call = format_call(ToolCall(name="act", arguments={"command": "..."}), chat_format)
+    return f"No action found. Act with {call}, using one of the admissible commands."
+
+
+NO_ACTION_HINT = no_action_hint()
 
 
 def describe(house: House, feedback: str) -> str:
@@ -81,7 +84,7 @@ class HouseholdEnv(SyncEnvironment):
         messages = [tool_message(None, f"Error: {e}") for e in parsed.errors]
         invalid = bool(parsed.errors)
         if not parsed.calls and not parsed.errors:
-            messages, invalid = [{"role": "user", "content": NO_ACTION_HINT}], True
+            messages, invalid = [{"role": "user", "content": no_action_hint(self.chat_format)}], True
         reached = False
         for call in parsed.calls:
             text, ok = self._run(call)

@@ -27,7 +27,7 @@ from envs.base import (
     tool_step,
 )
 from envs.search_qa.retrieval import Retriever
-from envs.toolcalls import ToolCall, parse_action
+from envs.toolcalls import ToolCall, format_call, parse_action
 from envs.tools import check_arguments, tool_message, tool_name
 
 SEARCH_TOOL: dict[str, Any] = {
@@ -43,11 +43,13 @@ SEARCH_TOOL: dict[str, Any] = {
     },
 }
 
-NO_ACTION_HINT = (
-    'No tool call or answer found. Call a tool as <tool_call>{"name": "search", '
-    '"arguments": {"query": "..."}}</tool_call> or give the final answer as '
-    "<answer>...</answer>."
-)
+def no_action_hint(chat_format: str = "hermes") -> str:
+    """What the model is told when it neither called nor answered, its call in the policy's format."""
+    call = format_call(ToolCall(name="search", arguments={"query": "..."}), chat_format)
+    return f"No tool call or answer found. Call a tool as {call} or give the final answer as <answer>...</answer>."
+
+
+NO_ACTION_HINT = no_action_hint()
 NO_RESULTS = "No results."
 
 
@@ -114,7 +116,7 @@ class SearchEnv(SyncEnvironment):
         if parsed.answer is not None:
             return self._finish(parsed.answer, parsed.calls)
         if not parsed.calls and not parsed.errors:
-            hint = {"role": "user", "content": NO_ACTION_HINT}
+            hint = {"role": "user", "content": no_action_hint(self.chat_format)}
             return self._observe([hint], invalid=True, calls=[], label=0, retrieved=[])
         messages: list[dict[str, Any]] = []
         hits: list[int] = []

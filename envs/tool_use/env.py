@@ -25,13 +25,23 @@ from envs.base import (
 )
 from envs.tool_use.matching import ast_match
 from envs.tool_use.sandbox import Limits, ToolOutcome, run_tool, run_tool_async
-from envs.toolcalls import ParsedAction, ToolCall, parse_action
+from envs.toolcalls import ParsedAction, ToolCall, format_call, parse_action
 from envs.tools import check_arguments, tool_message, tool_name
 
 NO_ACTION_HINT = (
     'No tool call or answer found. Call a tool as <tool_call>{"name": ..., "arguments": '
     "{...}}</tool_call> or give the final answer as <answer>...</answer>."
 )
+
+
+def no_action_hint(chat_format: str = "hermes") -> str:
+    """What the model is told when it neither called nor answered. Hermes keeps the placeholder
+    form above (what the built-in policies were warm-started on); another format shows its own
+    call syntax."""
+    if chat_format == "hermes":
+        return NO_ACTION_HINT
+    call = format_call(ToolCall(name="<tool name>", arguments={"<argument>": "..."}), chat_format)
+    return f"No tool call or answer found. Call a tool as {call} or give the final answer as <answer>...</answer>."
 
 
 class ToolUseEnv(SyncEnvironment):
@@ -87,7 +97,7 @@ class ToolUseEnv(SyncEnvironment):
         if parsed.answer is not None:
             return parsed, self._finish(parsed)
         if not parsed.calls and not parsed.errors:
-            hint = [{"role": "user", "content": NO_ACTION_HINT}]
+            hint = [{"role": "user", "content": no_action_hint(self.chat_format)}]
             return parsed, self._observe(hint, True, [], 0, {})
         return parsed, None
 
