@@ -68,6 +68,9 @@ class Message(_Strict):
     function_call: None = None
     audio: None = None
     annotations: list[Any] | None = Field(None, max_length=0)
+    provider_specific_fields: dict[str, Any] | None = None
+    """litellm keeps this on the assistant messages it returns and sends it back with them;
+    ignored (it says nothing to the model)."""
 
     @model_validator(mode="after")
     def _per_role(self) -> "Message":
