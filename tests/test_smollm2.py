@@ -64,26 +64,39 @@ def test_conversion_is_cached_and_loads_as_a_plain_folder(smollm2: Path) -> None
 
 
 @pytest.mark.slow
-def test_ig_scorer_shares_prefixes_exactly_on_smollm2(smollm2: Path) -> None:
+def test_ig_on_smollm2_shares_prefixes_and_reads_the_hf_engine_exactly(smollm2: Path) -> None:
     # The IG scorer's shared-prefix path (one pass over the longest context, custom 4D masks,
-    # explicit positions) on a real model with grouped-query attention (9 query heads over 3
-    # key/value heads) and tied embeddings: each boundary's value equals a full forward's.
+    # explicit positions) and the HF engine's prompt scoring (rewards.ig.scorer: engine), on a
+    # real model with grouped-query attention (9 query heads over 3 key/value heads) and tied
+    # embeddings: each boundary's value equals a full forward's.
+    import asyncio
+
     import torch
     from test_ig import make_traj
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rewards.config import IGConfig
+    from rewards.ig_engine import EngineIGScorer
     from rewards.ig_scorer import IGScorer
+    from rollout.config import HFEngineConfig
+    from rollout.engines import local_client
 
     tok = AutoTokenizer.from_pretrained(smollm2)
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     trajs = [make_traj(tok, "a", 3), make_traj(tok, "bb", 2, gold="Rome")]
-    scorer = IGScorer(model, tok, IGConfig(mode="log_prob_diff"))
-    shared, per_turn = scorer.score(trajs), scorer.score_per_turn(trajs)
-    for got, ref, traj in zip(shared, per_turn, trajs):
-        assert len(got.values) == len(traj.turns) and len(got.ig) == len(traj.turns) - 1
-        assert got.values == pytest.approx(ref.values, abs=1e-4)
-        assert got.ig == pytest.approx(ref.ig, abs=1e-4)
+    cfg = IGConfig(mode="log_prob_diff")
+    scorer = IGScorer(model, tok, cfg)
+    per_turn = scorer.score_per_turn(trajs)
+    client = local_client(HFEngineConfig(), str(smollm2))
+    try:
+        engine = asyncio.run(EngineIGScorer(client, tok, cfg).score(trajs))
+    finally:
+        asyncio.run(client.engine.close())
+    for got in (scorer.score(trajs), engine):
+        for g, ref, traj in zip(got, per_turn, trajs):
+            assert len(g.values) == len(traj.turns) and len(g.ig) == len(traj.turns) - 1
+            assert g.values == pytest.approx(ref.values, abs=1e-4)
+            assert g.ig == pytest.approx(ref.ig, abs=1e-4)
 
 
 @pytest.mark.slow
