@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config import RunConfig
+from envs.formats import DEFAULT_FORMAT
 
 LIVE_FILE = "live.json"
 SESSIONS_FILE = "live_sessions.jsonl"
@@ -55,9 +56,10 @@ class LocalLivePorts:
         await self.reward.close()
 
 
-def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] = ()) -> Any:
+def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] = (),
+                         chat_format: str = DEFAULT_FORMAT) -> Any:
     """A ``RewardService`` (no model scorers; ``judges``: ``LocalJudge`` ports) that puts into
-    the in-process ``store``."""
+    the in-process ``store``; ``chat_format``: the policy's (``rollout.chat_format``)."""
     from replay.client import StoreOutlet
     from replay.config import ReplayConfig
     from rewards.config import RewardsConfig
@@ -66,7 +68,8 @@ def local_reward_service(store: Any, rewards_cfg: Any = None, judges: list[Any] 
     async def put_many(groups: list[Any], scheduled: bool = True) -> list[Any]:
         return store.put_many(groups, scheduled)
 
-    return RewardService(rewards_cfg or RewardsConfig(), StoreOutlet(put_many, ReplayConfig()), judges=list(judges))
+    return RewardService(rewards_cfg or RewardsConfig(), StoreOutlet(put_many, ReplayConfig()), judges=list(judges),
+                         chat_format=chat_format)
 
 
 def scorable_without_feedback(cfg: RunConfig) -> bool:

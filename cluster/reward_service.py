@@ -138,7 +138,8 @@ def start_reward_service(cfg: RunConfig, replay: Any, policy_path: str, engines:
     return ray.remote(instrument(RewardService, "reward")).options(
         num_cpus=cfg.cluster.reward_num_cpus, max_concurrency=1000, max_restarts=-1,
         resources=cfg.cluster.service_resources,
-    ).remote(cfg.rewards, StoreOutlet(ReplayPut(replay), cfg.replay), ports, [ActorJudge(a) for a in judges])
+    ).remote(cfg.rewards, StoreOutlet(ReplayPut(replay), cfg.replay), ports, [ActorJudge(a) for a in judges],
+              cfg.rollout.chat_format)
 
 
 def engine_ig_ports(cfg: RunConfig, engines: Any, model_ports: list[Any]) -> list[Any]:

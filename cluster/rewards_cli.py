@@ -92,7 +92,7 @@ def build_service(cfg: RunConfig, policy_path: str, policy_version: int = 0) -> 
         from rewards.judge import JudgeWorker
 
         judges = [LocalJudge(JudgeWorker(rc.prm, policy_path))]
-    return RewardService(rc, None, scorers, judges)
+    return RewardService(rc, None, scorers, judges, cfg.rollout.chat_format)
 
 
 def score(cfg: RunConfig, input_path: str, output_path: str, policy: str | None = None,

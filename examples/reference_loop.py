@@ -58,7 +58,7 @@ async def train(cfg: RunConfig, steps: int, run_dir: str) -> SimpleNamespace:
     policy = str(ensure_policy(cfg.policy, cfg.env, source, history_turns=cfg.rollout.history_turns))
     engine = local_client(cfg.rollout.engine, policy, seed=cfg.train.seed)  # HF or vLLM, in-process
     replay = InProcessReplayStore(cfg.replay, batch_groups=cfg.learner.batch_groups)
-    rewards = local_reward_service(replay, cfg.rewards)  # a RewardService that puts into replay
+    rewards = local_reward_service(replay, cfg.rewards, chat_format=cfg.rollout.chat_format)  # a RewardService that puts into replay
     ports = LocalLearnerPorts(replay)  # the learner claims/acks here; published weights land here
     learner = LearnerWorker(cfg.learner, policy, run_dir, ports, group_size=cfg.rollout.group_size,
                             temperature=cfg.rollout.temperature, rewards=cfg.rewards)

@@ -8,20 +8,22 @@ turn's match reward is the answer F1 the outcome stage computes.
 
 from __future__ import annotations
 
+from envs.formats import DEFAULT_FORMAT
 from rewards.combine import failed, ig_gold, match_result, write_source
 from rewards.config import RewardsConfig
 from rewards.outcome import score_final_text
 from rollout.trajectory import AnswerScore, Trajectory
 
 
-def score_outcome(traj: Trajectory, cfg: RewardsConfig) -> None:
-    """Set ``traj.outcome`` and the final turn's ``outcome`` slot in place (``set_outcome``)."""
+def score_outcome(traj: Trajectory, cfg: RewardsConfig, chat_format: str = DEFAULT_FORMAT) -> None:
+    """Set ``traj.outcome`` and the final turn's ``outcome`` slot in place (``set_outcome``);
+    the final text is read in the policy's ``chat_format``."""
     if traj.error is not None or not traj.turns:
         traj.set_outcome(None)
     elif traj.gold_answers:
         score = score_final_text(
             traj.turns[-1].text, traj.gold_answers,
-            metric=cfg.outcome.metric, format_penalty=cfg.outcome.format_penalty,
+            metric=cfg.outcome.metric, format_penalty=cfg.outcome.format_penalty, chat_format=chat_format,
         )
         traj.set_outcome(score.reward)
         traj.answer_score = AnswerScore(em=score.em, f1=score.f1, well_formed=score.well_formed)
@@ -46,11 +48,11 @@ def inapplicable_sources(traj: Trajectory, cfg: RewardsConfig) -> set[str]:
     return skip
 
 
-def score_cheap(traj: Trajectory, cfg: RewardsConfig) -> None:
+def score_cheap(traj: Trajectory, cfg: RewardsConfig, chat_format: str = DEFAULT_FORMAT) -> None:
     """Outcome, then (when configured) MatchTIR turn rewards, written into the turns. A live
     trajectory's outcome is the client's (set by its feedback), never re-scored."""
     if traj.live is None:
-        score_outcome(traj, cfg)
+        score_outcome(traj, cfg, chat_format)
     if cfg.match is not None and traj.turns and "match" not in inapplicable_sources(traj, cfg):
         try:
             result = match_result(traj, cfg.match)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from envs.base import exact_match, normalize_answer
+from envs.formats import DEFAULT_FORMAT
 from envs.toolcalls import parse_action
 
 
@@ -86,9 +87,11 @@ def score_final_text(
     *,
     metric: Literal["em", "f1"] = "em",
     format_penalty: float = 0.0,
+    chat_format: str = DEFAULT_FORMAT,
 ) -> OutcomeScore:
-    """Parse the final turn's text with the tool-call protocol, then ``outcome_reward`` it."""
-    parsed = parse_action(final_text)
+    """Parse the final turn's text in the policy's chat format (``rollout.chat_format``: where
+    reasoning is split off, an answer inside it does not count), then ``outcome_reward`` it."""
+    parsed = parse_action(final_text, chat_format)
     return outcome_reward(
         parsed.answer,
         gold_answers,

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from envs.formats import DEFAULT_FORMAT
 from rewards.combine import SourceResult, failed, missing_counts, process_result, write_source
 from rewards.config import JudgeConfig, RewardsConfig
 from rewards.judge import Judgement
@@ -77,12 +78,13 @@ class RewardService:
     for offline use, ``stats`` for the driver and metrics. See the module docstring."""
 
     def __init__(self, cfg: RewardsConfig, replay: ReplayOutlet | None,
-                 scorers: list[ScorerPort] = (), judges: list[JudgePort] = ()) -> None:
+                 scorers: list[ScorerPort] = (), judges: list[JudgePort] = (),
+                 chat_format: str = DEFAULT_FORMAT) -> None:
         if (cfg.ig is not None or (cfg.prm is not None and cfg.prm.type == "model")) and not scorers:
             raise ValueError("rewards.ig / rewards.prm need at least one model scorer")
         if isinstance(cfg.prm, JudgeConfig) and not judges:
             raise ValueError("rewards.prm type judge needs at least one judge worker")
-        self.cfg, self.replay = cfg, replay
+        self.cfg, self.replay, self.chat_format = cfg, replay, chat_format
         self.scorers, self.judges = list(scorers), list(judges)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
@@ -146,7 +148,7 @@ class RewardService:
         self._start()
         t0 = time.perf_counter()
         for traj in group.trajectories:
-            score_cheap(traj, self.cfg)
+            score_cheap(traj, self.cfg, self.chat_format)
         model, judged = await asyncio.gather(self._model_scores(group), self._judge_scores(group))
         for i, traj in enumerate(group.trajectories):
             skip = inapplicable_sources(traj, self.cfg)

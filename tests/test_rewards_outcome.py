@@ -86,6 +86,29 @@ def test_score_final_text_parses_tags() -> None:
     assert s.reward == -1.0
 
 
+def test_score_final_text_reads_the_policy_chat_format() -> None:
+    # Qwen3 reasons in <think> first: an answer written while reasoning is not the answer.
+    text = "<think>maybe <answer>Paris</answer>, no</think><answer>Rome</answer>"
+    assert score_final_text(text, ["paris"], chat_format="qwen3").reward == 0.0
+    assert score_final_text(text, ["rome"], chat_format="qwen3").reward == 1.0
+    assert score_final_text(text, ["paris"]).reward == 1.0  # Hermes has no reasoning block: the first answer
+
+
+def test_reward_service_scores_in_the_chat_format_it_is_built_with() -> None:
+    import asyncio
+
+    from rewards.service import RewardService
+    from tests.redis_fixture import make_group
+
+    def scored(service: RewardService) -> float:
+        group = make_group("g", trajectories=1, text="<think><answer>Paris</answer></think><answer>Rome</answer>")
+        group.trajectories[0].gold_answers = ["rome"]
+        return asyncio.run(service.score_group(group)).trajectories[0].outcome
+
+    assert scored(RewardService(RewardsConfig(), None, chat_format="qwen3")) == 1.0
+    assert scored(RewardService(RewardsConfig(), None)) == 0.0  # Hermes reads the first answer, Paris
+
+
 # -- config --------------------------------------------------------------------------------
 def test_config_sources_match_schema_and_import_no_torch() -> None:
     from rollout.trajectory import REWARD_SOURCES as schema_sources
