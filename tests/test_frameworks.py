@@ -1,0 +1,256 @@
+"""The agent frameworks people use, driving the live endpoint over real HTTP: the OpenAI Agents
+SDK (chat-completions mode), LangGraph with langchain-openai, smolagents, pydantic-ai and
+litellm's ``openai/`` passthrough. Each runs tool-calling sessions to the end against one served
+tiny agent (tests/framework_fixtures.py); the run's own records (its live_sessions.jsonl) must
+show every session token-exact -- each recorded action decodes to what the framework was served
+and acted on, tool-call turns included -- and accepted into replay, where the learner claims it.
+A framework whose package is not installed is skipped, saying so. What a framework sends by
+default that the HF engine cannot honour is a 400 naming the parameter, seen through the
+framework."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import httpx
+import pytest
+
+from rollout.trajectory import Trajectory
+from tests.framework_fixtures import ANSWER, CALL_FINAL, CALL_SEARCH, MODEL, NAMES, RESULT, SMOL_SYSTEM, TOKEN, \
+    ServedRun, build_agent_policy, question
+
+pytestmark = pytest.mark.slow
+SEARCH_DOC = """Search the documents.
+
+    Args:
+        query: what to look for.
+    """
+
+
+def _needs(module: str):
+    return pytest.importorskip(module, reason=f"{module} is not installed (requirements-test.lock pins it)")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("framework-agent")
+    served = ServedRun(str(build_agent_policy(out)), out / "live_sessions.jsonl")
+    yield served
+    served.close()
+
+
+class Searches:
+    """The ``search`` tool every framework is given; keeps the queries it was called with."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def __call__(self, query: str) -> str:
+        self.queries.append(query)
+        return RESULT
+
+
+def _tool(searches: Searches):
+    def search(query: str) -> str:
+        return searches(query)
+
+    search.__doc__ = SEARCH_DOC
+    return search
+
+
+def _close(run: ServedRun, sid: str) -> list[Trajectory]:
+    """Feedback and end over HTTP (as a client would), then the session's records: every
+    segment accepted into replay."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.post(f"{run.url}/sessions/{sid}/feedback", json={"outcome": 1.0}, headers=auth).status_code == 200
+    assert httpx.post(f"{run.url}/sessions/{sid}/end", headers=auth).status_code == 200
+    run.call(run.gateway.drain())
+    records = [r for r in run.records() if r["trajectory"]["live"]["session_id"] == sid]
+    assert records and all(r["replay"] == "accepted" for r in records)
+    return [Trajectory.model_validate(r["trajectory"]) for r in records]
+
+
+def _actions(run: ServedRun, traj: Trajectory) -> list[str]:
+    """Each recorded turn's sampled tokens as text (the closing end-of-turn dropped)."""
+    tok = run.gateway.service.engine.tokenizer
+    eos = tok.eos_token_id
+    out = []
+    for turn in traj.turns:
+        ids = list(turn.action_ids)
+        assert ids[-1] == eos  # every turn ended by the model, none cut by max_tokens
+        out.append(tok.decode(ids[:-1]))
+    return out
+
+
+def _stitched(run: ServedRun, sid: str, actions: list[str]) -> Trajectory:
+    """A session whose client sent back what it was served: one segment, the tool result
+    appended in token space after the sampled call."""
+    [traj] = _close(run, sid)
+    assert _actions(run, traj) == actions
+    tok = run.gateway.service.engine.tokenizer
+    assert RESULT in tok.decode(traj.turns[0].observation_ids)
+    return traj
+
+
+def test_openai_agents_sdk_runs_tools_plain_and_streamed(run) -> None:
+    agents = _needs("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    searches = Searches()
+
+    def agent(sid: str, strict: bool = False):
+        client = AsyncOpenAI(base_url=run.url, api_key=TOKEN, max_retries=0, default_headers={"X-Session-Id": sid})
+        model = agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+        return agents.Agent(name="a", instructions="Answer.", model=model,
+                            model_settings=agents.ModelSettings(temperature=0.0),
+                            tools=[agents.function_tool(_tool(searches), name_override="search", strict_mode=strict)])
+
+    # its default: strict tool schemas, which need constrained decoding -> a 400 naming it
+    import openai
+    with pytest.raises(openai.BadRequestError) as err:
+        agents.Runner.run_sync(agent("agents-strict", strict=True), question(NAMES[1]))
+    assert err.value.body["param"] == "tools.0.function.strict"
+
+    assert agents.Runner.run_sync(agent("agents-1"), question(NAMES[1])).final_output == ANSWER
+
+    async def streamed() -> str:
+        result = agents.Runner.run_streamed(agent("agents-2"), question(NAMES[1]))
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    assert asyncio.run(streamed()) == ANSWER
+    assert searches.queries == ["birthplace", "birthplace"]
+    for sid in ("agents-1", "agents-2"):
+        _stitched(run, sid, [CALL_SEARCH, ANSWER])
+
+
+def test_langgraph_react_agent_and_streamed_tool_call_chunks(run) -> None:
+    _needs("langgraph")
+    _needs("langchain_openai")
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.prebuilt import create_react_agent
+
+    searches = Searches()
+    search = tool(_tool(searches), description="Search the documents.")
+
+    def llm(sid: str) -> ChatOpenAI:
+        return ChatOpenAI(model=MODEL, base_url=run.url, api_key=TOKEN, temperature=0, max_retries=0,
+                          default_headers={"X-Session-Id": sid})
+
+    import warnings
+    with warnings.catch_warnings():  # create_react_agent moved to langchain.agents; still LangGraph's
+        warnings.simplefilter("ignore")
+        agent = create_react_agent(llm("lg-1"), [search])
+    out = agent.invoke({"messages": [("user", question(NAMES[2]))]})
+    assert out["messages"][-1].content == ANSWER
+    # the conversation goes on: a second question in the same session
+    out = agent.invoke({"messages": [*out["messages"], ("user", question(NAMES[3]))]})
+    assert out["messages"][-1].content == ANSWER and searches.queries == ["birthplace"] * 2
+    _stitched(run, "lg-1", [CALL_SEARCH, ANSWER, CALL_SEARCH, ANSWER])
+
+    chunks = list(llm("lg-2").bind_tools([search]).stream([("user", question(NAMES[2]))]))
+    parts = [c for chunk in chunks for c in chunk.tool_call_chunks]
+    assert parts[0]["name"] == "search" and parts[0]["id"].startswith("call_")
+    assert "".join(p["args"] or "" for p in parts) == '{"query": "birthplace"}'
+    [traj] = _close(run, "lg-2")
+    assert _actions(run, traj) == [CALL_SEARCH]
+
+
+def test_smolagents_tool_calling_agent_ends_with_final_answer(run) -> None:
+    smolagents = _needs("smolagents")
+    searches = Searches()
+    search = smolagents.tool(_tool(searches))
+
+    def agent(sid: str, **model_kwargs):
+        model = smolagents.OpenAIServerModel(model_id=MODEL, api_base=run.url, api_key=TOKEN, temperature=0,
+                                             client_kwargs={"default_headers": {"X-Session-Id": sid}, "max_retries": 0},
+                                             **model_kwargs)
+        agent = smolagents.ToolCallingAgent(tools=[search], model=model, max_steps=3, verbosity_level=0)
+        agent.prompt_templates["system_prompt"] = SMOL_SYSTEM  # its own is 1,500 tokens of examples
+        return agent
+
+    # its defaults: tool_choice "required" and multi-token stop strings, both refused on the HF
+    # engine; smolagents surfaces the 400 naming the parameter
+    with pytest.raises(Exception, match="tool_choice"):
+        agent("smol-default").run(question(NAMES[0]))
+    with pytest.raises(Exception, match="stop.0"):
+        agent("smol-stop", tool_choice="auto").run(question(NAMES[0]))
+
+    result = agent("smol-1", tool_choice="auto", stop=smolagents.models.REMOVE_PARAMETER).run(question(NAMES[0]))
+    # smolagents sends its calls back as text and the results as user messages: the history is
+    # not what was served, so each request is a segment of its own, each token-exact
+    first, second = _close(run, "smol-1")
+    assert result == ANSWER and searches.queries == ["birthplace"]
+    assert (_actions(run, first), _actions(run, second)) == ([CALL_SEARCH], [CALL_FINAL])
+    assert first.live.segment == 0 and second.live.segment == 1
+    assert run.gateway.stats()["recorder"]["history_rewritten"] >= 1
+
+
+def test_pydantic_ai_agent_plain_and_streamed(run) -> None:
+    _needs("pydantic_ai")
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles.openai import OpenAIModelProfile
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    searches = Searches()
+
+    def agent(sid: str, strict: bool = False) -> Agent:
+        client = AsyncOpenAI(base_url=run.url, api_key=TOKEN, max_retries=0, default_headers={"X-Session-Id": sid})
+        profile = None if strict else OpenAIModelProfile(openai_supports_strict_tool_definition=False)
+        model = OpenAIChatModel(MODEL, provider=OpenAIProvider(openai_client=client), profile=profile)
+        return Agent(model, tools=[_tool(searches)], model_settings={"temperature": 0.0})
+
+    with pytest.raises(ModelHTTPError) as err:  # its default for this schema: strict
+        agent("pyd-strict", strict=True).run_sync(question(NAMES[4]))
+    assert err.value.status_code == 400 and "tools.0.function.strict" in str(err.value.body)
+
+    assert agent("pyd-1").run_sync(question(NAMES[4])).output == ANSWER
+
+    async def streamed() -> str:
+        async with agent("pyd-2").run_stream(question(NAMES[4])) as result:
+            return await result.get_output()
+
+    assert asyncio.run(streamed()) == ANSWER and searches.queries == ["birthplace"] * 2
+    for sid in ("pyd-1", "pyd-2"):
+        _stitched(run, sid, [CALL_SEARCH, ANSWER])
+
+
+def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price list
+    litellm = _needs("litellm")
+    import json
+
+    from tests.framework_fixtures import SEARCH
+
+    kw = dict(model=f"openai/{MODEL}", api_base=run.url, api_key=TOKEN, tools=[SEARCH], temperature=0,
+              extra_headers={"X-Session-Id": "litellm-1"})
+    messages = [{"role": "user", "content": question(NAMES[5])}]
+    first = litellm.completion(messages=messages, **kw)
+    [call] = first.choices[0].message.tool_calls
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "search"
+    # litellm's own pattern: its message object goes back as it came (provider_specific_fields too)
+    messages += [first.choices[0].message,
+                 {"role": "tool", "tool_call_id": call.id, "content": Searches()(**json.loads(call.function.arguments))}]
+    stream = litellm.completion(messages=messages, stream=True, **kw)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == ANSWER
+    _stitched(run, "litellm-1", [CALL_SEARCH, ANSWER])
+
+
+def test_every_recorded_session_reaches_the_learner(run) -> None:
+    """Whatever the framework tests above put into replay, the learner's claim takes, live
+    groups apart from rollouts, and its acknowledgement counts them trained."""
+    stored = [r["trajectory"]["trajectory_id"] for r in run.records() if r["replay"] == "accepted"]
+    if not stored:
+        pytest.skip("no framework test ran before this one (run the whole file)")
+    claim = run.store.claim(len(stored), live=(len(stored), len(stored)))
+    assert sorted(t.trajectory_id for g in claim.groups for t in g.trajectories) == sorted(stored)
+    assert all(t.outcome == 1.0 for g in claim.groups for t in g.trajectories)
+    run.store.ack(claim.claim_id, 1)
+    assert run.store.stats().live_trained == len(stored)
