@@ -254,3 +254,23 @@ def test_every_recorded_session_reaches_the_learner(run) -> None:
     assert all(t.outcome == 1.0 for g in claim.groups for t in g.trajectories)
     run.store.ack(claim.claim_id, 1)
     assert run.store.stats().live_trained == len(stored)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"store": True}, "store"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tool_choice": "required"}, "tool_choice"),
+])
+def test_what_frameworks_send_is_taken_only_where_it_changes_nothing(extra, param) -> None:
+    from gateway.errors import InvalidRequest
+    from gateway.openai_types import parse_chat_request
+
+    user = [{"role": "user", "content": "hi"}]
+    harmless = {"metadata": {"run": "x"}, "store": False, "response_format": {"type": "text"},
+                "stream": True, "stream_options": {"include_usage": True}, "tool_choice": "auto"}
+    echoed = {"role": "assistant", "content": None, "provider_specific_fields": {"refusal": None}}
+    assert parse_chat_request({"messages": [*user, echoed, *user], **harmless}).metadata == {"run": "x"}
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request({"messages": user, **extra})
+    assert err.value.param == param and err.value.status == 400
