@@ -3,7 +3,7 @@ SDK (chat-completions mode), LangGraph with langchain-openai, smolagents, pydant
 litellm's ``openai/`` passthrough. Each runs tool-calling sessions to the end against one served
 tiny agent (tests/framework_fixtures.py); the run's own records (its live_sessions.jsonl) must
 show every session token-exact -- each recorded action decodes to what the framework was served
-and acted on, tool-call turns included -- and accepted into replay, where the learner claims it.
+and acted on, tool-call turns included -- and accepted into replay, where the learner's claim takes it.
 A framework whose package is not installed is skipped, saying so. What a framework sends by
 default that the HF engine cannot honour is a 400 naming the parameter, seen through the
 framework."""
@@ -71,6 +71,18 @@ def _close(run: ServedRun, sid: str) -> list[Trajectory]:
     return [Trajectory.model_validate(r["trajectory"]) for r in records]
 
 
+def _trained(run: ServedRun, trajs: list[Trajectory]) -> None:
+    """The learner's claim takes exactly these sessions' segments from replay (live groups,
+    apart from rollouts) with the client's outcome, and its acknowledgement counts them trained."""
+    before = run.store.stats().live_trained
+    claim = run.store.claim(len(trajs), live=(len(trajs), len(trajs)))
+    got = [t for g in claim.groups for t in g.trajectories]
+    assert sorted(t.trajectory_id for t in got) == sorted(t.trajectory_id for t in trajs)
+    assert all(t.outcome == 1.0 for t in got)
+    run.store.ack(claim.claim_id, 1)
+    assert run.store.stats().live_trained == before + len(trajs) and run.store.stats().live_held == 0
+
+
 def _actions(run: ServedRun, traj: Trajectory) -> list[str]:
     """Each recorded turn's sampled tokens as text (the closing end-of-turn dropped)."""
     tok = run.gateway.service.engine.tokenizer
@@ -123,8 +135,7 @@ def test_openai_agents_sdk_runs_tools_plain_and_streamed(run) -> None:
 
     assert asyncio.run(streamed()) == ANSWER
     assert searches.queries == ["birthplace", "birthplace"]
-    for sid in ("agents-1", "agents-2"):
-        _stitched(run, sid, [CALL_SEARCH, ANSWER])
+    _trained(run, [_stitched(run, sid, [CALL_SEARCH, ANSWER]) for sid in ("agents-1", "agents-2")])
 
 
 def test_langgraph_react_agent_and_streamed_tool_call_chunks(run) -> None:
@@ -150,7 +161,7 @@ def test_langgraph_react_agent_and_streamed_tool_call_chunks(run) -> None:
     # the conversation goes on: a second question in the same session
     out = agent.invoke({"messages": [*out["messages"], ("user", question(NAMES[3]))]})
     assert out["messages"][-1].content == ANSWER and searches.queries == ["birthplace"] * 2
-    _stitched(run, "lg-1", [CALL_SEARCH, ANSWER, CALL_SEARCH, ANSWER])
+    first = _stitched(run, "lg-1", [CALL_SEARCH, ANSWER, CALL_SEARCH, ANSWER])
 
     chunks = list(llm("lg-2").bind_tools([search]).stream([("user", question(NAMES[2]))]))
     parts = [c for chunk in chunks for c in chunk.tool_call_chunks]
@@ -158,6 +169,7 @@ def test_langgraph_react_agent_and_streamed_tool_call_chunks(run) -> None:
     assert "".join(p["args"] or "" for p in parts) == '{"query": "birthplace"}'
     [traj] = _close(run, "lg-2")
     assert _actions(run, traj) == [CALL_SEARCH]
+    _trained(run, [first, traj])
 
 
 def test_smolagents_tool_calling_agent_ends_with_final_answer(run) -> None:
@@ -188,6 +200,7 @@ def test_smolagents_tool_calling_agent_ends_with_final_answer(run) -> None:
     assert (_actions(run, first), _actions(run, second)) == ([CALL_SEARCH], [CALL_FINAL])
     assert first.live.segment == 0 and second.live.segment == 1
     assert run.gateway.stats()["recorder"]["history_rewritten"] >= 1
+    _trained(run, [first, second])
 
 
 def test_pydantic_ai_agent_plain_and_streamed(run) -> None:
@@ -218,8 +231,7 @@ def test_pydantic_ai_agent_plain_and_streamed(run) -> None:
             return await result.get_output()
 
     assert asyncio.run(streamed()) == ANSWER and searches.queries == ["birthplace"] * 2
-    for sid in ("pyd-1", "pyd-2"):
-        _stitched(run, sid, [CALL_SEARCH, ANSWER])
+    _trained(run, [_stitched(run, sid, [CALL_SEARCH, ANSWER]) for sid in ("pyd-1", "pyd-2")])
 
 
 def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
@@ -240,20 +252,7 @@ def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
                  {"role": "tool", "tool_call_id": call.id, "content": Searches()(**json.loads(call.function.arguments))}]
     stream = litellm.completion(messages=messages, stream=True, **kw)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == ANSWER
-    _stitched(run, "litellm-1", [CALL_SEARCH, ANSWER])
-
-
-def test_every_recorded_session_reaches_the_learner(run) -> None:
-    """Whatever the framework tests above put into replay, the learner's claim takes, live
-    groups apart from rollouts, and its acknowledgement counts them trained."""
-    stored = [r["trajectory"]["trajectory_id"] for r in run.records() if r["replay"] == "accepted"]
-    if not stored:
-        pytest.skip("no framework test ran before this one (run the whole file)")
-    claim = run.store.claim(len(stored), live=(len(stored), len(stored)))
-    assert sorted(t.trajectory_id for g in claim.groups for t in g.trajectories) == sorted(stored)
-    assert all(t.outcome == 1.0 for g in claim.groups for t in g.trajectories)
-    run.store.ack(claim.claim_id, 1)
-    assert run.store.stats().live_trained == len(stored)
+    _trained(run, [_stitched(run, "litellm-1", [CALL_SEARCH, ANSWER])])
 
 
 @pytest.mark.parametrize("extra, param", [
