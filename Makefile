@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 # PYTHONDONTWRITEBYTECODE would otherwise recompile every import of every Ray worker.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: venv test-venv vllm test-deps demo test test-fast bench smollm2 clean
+.PHONY: venv test-venv vllm dense test-deps demo test test-fast bench smollm2 clean
 
 venv: $(VENV)/.installed
 
@@ -38,6 +38,15 @@ vllm: $(VENV)/.vllm-installed
 
 $(VENV)/.vllm-installed: $(VENV)/.test-installed requirements-vllm.lock
 	$(PYTHON) tools/install.py --venv $(VENV) -r requirements-vllm.lock
+	touch $@
+
+# sentence-transformers (the dense retriever's test) outside .venv's site-packages: where
+# transformers can find scikit-learn it imports it into every process (requirements-dense.lock).
+dense: $(VENV)/.dense-installed
+
+$(VENV)/.dense-installed: $(VENV)/.installed requirements-dense.lock
+	rm -rf $(VENV)/extras
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --target $(VENV)/extras -r requirements-dense.lock
 	touch $@
 
 # Debian packages the tests use, installed when missing: redis-server (replay tests start
@@ -67,7 +76,7 @@ test: export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 # time. A file's tests stay on one worker (its module fixtures are built once). TEST_WORKERS=0
 # runs it serially.
 TEST_WORKERS ?= 2
-test: test-venv vllm test-deps
+test: test-venv vllm dense test-deps
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 

