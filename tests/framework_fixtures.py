@@ -1,4 +1,4 @@
-"""Shared by the agent-framework tests (tests/test_frameworks.py): a tiny Llama taught, in a few
+"""Shared by the agent-framework tests (tests/test_frameworks.py): a tiny Llama taught, in ~20 s
 seconds of SFT on the project's own token layout (``learner.sft.demo_rows``), to act as an
 agent in the shapes the frameworks send, and one live gateway serving it over HTTP with an
 in-process reward service and replay store, so a test can read what the run recorded and put
@@ -95,7 +95,7 @@ def _rows(tok: Any, convs: list[tuple[list[dict[str, Any]], list[dict], list[dic
             for row in demo_rows(tok, Task(task_id=f"f{i}", messages=opening, tools=tools), demo)]
 
 
-def build_agent_policy(out: Path, steps: int = 200) -> Path:
+def build_agent_policy(out: Path, steps: int = 120) -> Path:
     """Tokenizer, tiny Llama and its SFT; returns the policy folder."""
     rng = random.Random(0)
     convs = conversations(rng)
