@@ -1,5 +1,5 @@
 """Shared by the agent-framework tests (tests/test_frameworks.py): a tiny Llama taught, in ~20 s
-seconds of SFT on the project's own token layout (``learner.sft.demo_rows``), to act as an
+of SFT on the project's own token layout (``learner.sft.demo_rows``), to act as an
 agent in the shapes the frameworks send, and one live gateway serving it over HTTP with an
 in-process reward service and replay store, so a test can read what the run recorded and put
 into replay.
