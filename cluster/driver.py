@@ -137,7 +137,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     check_requirements(cfg, source)
     on_stage(f"[1/5] policy: {cfg.policy.path}")
     policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar",
-                           history_turns=cfg.rollout.history_turns)
+                           history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
     sync = RunSync(cfg, run_dir)

@@ -53,7 +53,7 @@ def _policy_and_source(cfg: RunConfig) -> tuple[str, Any]:
 
     source = make_task_source(cfg.env)
     path = ensure_policy(cfg.policy, cfg.env, source, show_progress=False,
-                         history_turns=cfg.rollout.history_turns)
+                         history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
     return str(path), source
 
 

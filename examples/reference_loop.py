@@ -55,7 +55,8 @@ async def train(cfg: RunConfig, steps: int, run_dir: str) -> SimpleNamespace:
     # The world and the policy: tasks from the environment; a tiny Llama warm-started by SFT
     # on the environment's demonstrations (cached), or cfg.policy.path's Hugging Face folder.
     source = make_task_source(cfg.env)
-    policy = str(ensure_policy(cfg.policy, cfg.env, source, history_turns=cfg.rollout.history_turns))
+    policy = str(ensure_policy(cfg.policy, cfg.env, source, history_turns=cfg.rollout.history_turns,
+                               chat_format=cfg.rollout.chat_format))
     engine = local_client(cfg.rollout.engine, policy, seed=cfg.train.seed)  # HF or vLLM, in-process
     replay = InProcessReplayStore(cfg.replay, batch_groups=cfg.learner.batch_groups)
     rewards = local_reward_service(replay, cfg.rewards, chat_format=cfg.rollout.chat_format)  # a RewardService that puts into replay

@@ -16,16 +16,20 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from envs.base import TaskSource
+from envs.formats import DEFAULT_FORMAT
 from learner.config import PolicyConfig
 
 BOOTSTRAP_VERSION = 4  # bump when the tokenizer, template or SFT recipe changes
 
 
-def cache_key(cfg: PolicyConfig, env_fingerprint: str, history_turns: int | None = None) -> str:
+def cache_key(cfg: PolicyConfig, env_fingerprint: str, history_turns: int | None = None,
+              chat_format: str = DEFAULT_FORMAT) -> str:
     shape = {"v": BOOTSTRAP_VERSION, "tiny": cfg.tiny.model_dump(), "sft": cfg.sft.model_dump(),
              "env": env_fingerprint}
     if history_turns is not None:  # absent when None, so whole-episode policies keep their keys
         shape["history_turns"] = history_turns
+    if chat_format != DEFAULT_FORMAT:  # likewise: Hermes policies keep theirs
+        shape["chat_format"] = chat_format
     blob = json.dumps(shape, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -40,7 +44,8 @@ def _corpus(source: TaskSource) -> list[str]:
 
 
 def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show_progress: bool,
-                      demo_source: TaskSource | None = None, history_turns: int | None = None) -> dict:
+                      demo_source: TaskSource | None = None, history_turns: int | None = None,
+                      chat_format: str = DEFAULT_FORMAT) -> dict:
     """Tokenizer from the text of ``source`` (and ``demo_source``), random init, SFT on
     demonstrations of ``demo_source`` (default ``source``) windowed by ``history_turns``."""
     from learner.sft import run_sft
@@ -57,7 +62,7 @@ def build_tiny_policy(cfg: PolicyConfig, source: TaskSource, out_dir: Path, show
         import torch
 
         torch.manual_seed(cfg.sft.seed)
-        stats |= run_sft(model, tokenizer, demo_source, cfg.sft, show_progress, history_turns)
+        stats |= run_sft(model, tokenizer, demo_source, cfg.sft, show_progress, history_turns, chat_format)
         model.save_pretrained(out_dir)
     stats["build_s"] = time.perf_counter() - t0
     (out_dir / "turnrl_bootstrap.json").write_text(json.dumps(stats, indent=2))
@@ -79,10 +84,10 @@ def demo_env_config(cfg: PolicyConfig, env_cfg: BaseModel) -> BaseModel | None:
 
 
 def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, show_progress: bool = True,
-                  history_turns: int | None = None) -> Path:
+                  history_turns: int | None = None, chat_format: str = DEFAULT_FORMAT) -> Path:
     """Local folder holding the policy's weights and tokenizer; ``source`` is ``env_cfg``'s.
-    ``history_turns`` is the rollouts' window (``rollout.history_turns``): SFT trains on the
-    contexts the policy will act from."""
+    ``history_turns`` is the rollouts' window (``rollout.history_turns``) and ``chat_format``
+    theirs (``rollout.chat_format``): SFT trains on the contexts the policy will act from."""
     if not cfg.path.startswith("builtin:"):
         from storage.places import model_ref
 
@@ -96,15 +101,15 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
         raise ValueError(f"policy.path: unknown builtin {cfg.path!r}; known: "
                          f"{['builtin:tiny', *(f'builtin:{n}' for n in PACKAGED)]}")
     if name != "tiny":
-        return _pretrained_policy(name, cfg, env_cfg, show_progress, history_turns)
+        return _pretrained_policy(name, cfg, env_cfg, show_progress, history_turns, chat_format)
     demo_cfg = demo_env_config(cfg, env_cfg)
-    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json(), history_turns)
+    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json(), history_turns, chat_format)
 
     def build(tmp: Path) -> None:
         from envs.registry import make_task_source
 
         demo_source = make_task_source(demo_cfg) if demo_cfg is not None else None
-        build_tiny_policy(cfg, source, tmp, show_progress, demo_source, history_turns)
+        build_tiny_policy(cfg, source, tmp, show_progress, demo_source, history_turns, chat_format)
 
     return _cached(final, build)
 
@@ -127,7 +132,7 @@ def _cached(final: Path, build) -> Path:
 
 
 def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_progress: bool,
-                       history_turns: int | None) -> Path:
+                       history_turns: int | None, chat_format: str = DEFAULT_FORMAT) -> Path:
     """A packaged pretrained model (``learner/pretrained.py``), converted once into
     ``policy.models_dir``; with SFT on, fine-tuned on the environment's demonstrations and
     cached like the tiny policy (the key names the model instead of the tiny shape)."""
@@ -139,6 +144,8 @@ def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_pr
     demo_cfg = demo_env_config(cfg, env_cfg) or env_cfg
     shape = {"v": BOOTSTRAP_VERSION, "pretrained": name, "convert": CONVERT_VERSION, "sft": cfg.sft.model_dump(),
              "env": env_cfg.model_dump_json(), "history_turns": history_turns}
+    if chat_format != DEFAULT_FORMAT:  # absent for Hermes, so existing keys stay
+        shape["chat_format"] = chat_format
     key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
     def build(tmp: Path) -> None:
@@ -152,7 +159,8 @@ def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_pr
         tokenizer = AutoTokenizer.from_pretrained(base)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         torch.manual_seed(cfg.sft.seed)
-        stats = run_sft(model, tokenizer, make_task_source(demo_cfg), cfg.sft, show_progress, history_turns)
+        stats = run_sft(model, tokenizer, make_task_source(demo_cfg), cfg.sft, show_progress, history_turns,
+                        chat_format)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         stats |= {"params": sum(p.numel() for p in model.parameters()), "base": str(base),

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from envs.base import Task, TaskSource
+from envs.formats import DEFAULT_FORMAT
 from envs.toolcalls import format_answer
 from learner.batching import padding_cuts
 from learner.config import SFTConfig
@@ -24,20 +25,21 @@ from rollout.trajectory import Trajectory, Turn, window_start
 
 
 def demo_trajectory(tokenizer: Any, task: Task, demo: list[dict[str, Any]],
-                    history_turns: int | None = None) -> Trajectory:
+                    history_turns: int | None = None, chat_format: str = DEFAULT_FORMAT) -> Trajectory:
     """``demo`` as the trajectory a rollout that took its actions would record (behaviour
-    log-probs 0), each turn's context windowed as ``rollout.history_turns`` windows it."""
-    traj = Trajectory(trajectory_id=f"demo:{task.task_id}", task_id=task.task_id,
-                      group_id="demo", prompt_ids=chat.prompt_ids(tokenizer, task.messages, task.tools))
+    log-probs 0), each turn's context windowed as ``rollout.history_turns`` windows it, written
+    in the policy's ``rollout.chat_format``."""
+    traj = Trajectory(trajectory_id=f"demo:{task.task_id}", task_id=task.task_id, group_id="demo",
+                      prompt_ids=chat.prompt_ids(tokenizer, task.messages, task.tools, chat_format))
     i = 0
     while i < len(demo):
         if demo[i]["role"] != "assistant":
             raise ValueError(f"demonstration for {task.task_id}: expected an assistant message at {i}")
-        act = chat.action_ids(tokenizer, demo[i]["content"])
+        act = chat.action_ids(tokenizer, demo[i]["content"], chat_format)
         j = i + 1
         while j < len(demo) and demo[j]["role"] != "assistant":
             j += 1
-        obs = chat.observation_ids(tokenizer, demo[i + 1 : j], action_ended=True) if j > i + 1 else []
+        obs = chat.observation_ids(tokenizer, demo[i + 1 : j], True, chat_format) if j > i + 1 else []
         traj.turns.append(Turn(action_ids=act, action_logprobs=[0.0] * len(act), policy_version=0,
                                observation_ids=obs,
                                context_start=window_start(len(traj.turns), history_turns)))
@@ -45,11 +47,11 @@ def demo_trajectory(tokenizer: Any, task: Task, demo: list[dict[str, Any]],
     return traj
 
 
-def demo_rows(tokenizer: Any, task: Task, demo: list[dict[str, Any]],
-              history_turns: int | None = None) -> list[tuple[list[int], list[int]]]:
+def demo_rows(tokenizer: Any, task: Task, demo: list[dict[str, Any]], history_turns: int | None = None,
+              chat_format: str = DEFAULT_FORMAT) -> list[tuple[list[int], list[int]]]:
     """(token ids, action mask) of each training row of one demonstration: one row, or one
     per context with a history window, exactly as the learner lays out rollouts."""
-    traj = demo_trajectory(tokenizer, task, demo, history_turns)
+    traj = demo_trajectory(tokenizer, task, demo, history_turns, chat_format)
     rows = [traj.row(seg) for seg in traj.segments()]
     return [(ids, [int(t >= 0) for t in owner]) for ids, owner in rows]
 
@@ -128,15 +130,15 @@ def _batch_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad: int,
 
 
 def run_sft(model: Any, tokenizer: Any, source: TaskSource, cfg: SFTConfig, show_progress: bool = True,
-            history_turns: int | None = None) -> dict[str, float]:
-    """Fine-tune ``model`` in place on demonstrations of training tasks, windowed as the
-    rollouts will be (``history_turns``); returns final stats. A batch samples
+            history_turns: int | None = None, chat_format: str = DEFAULT_FORMAT) -> dict[str, float]:
+    """Fine-tune ``model`` in place on demonstrations of training tasks, windowed and written as
+    the rollouts will be (``history_turns``, ``chat_format``); returns final stats. A batch samples
     ``batch_size`` demonstrations and trains all their rows."""
     from tqdm import tqdm
 
     rng = random.Random(cfg.seed)
     demos = demonstrations(source, cfg)
-    data = [demo_rows(tokenizer, t, demo, history_turns) for t, demo in demos]
+    data = [demo_rows(tokenizer, t, demo, history_turns, chat_format) for t, demo in demos]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
     pad = tokenizer.pad_token_id

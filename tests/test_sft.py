@@ -38,13 +38,13 @@ def household(tmp_path_factory):
     return source, tok, task
 
 
-def _replay(source, tok, task, history_turns):
+def _replay(source, tok, task, history_turns, chat_format="hermes"):
     demo = source.demonstration(task)
-    actions = [chat.action_ids(tok, m["content"]) for m in demo if m["role"] == "assistant"]
+    actions = [chat.action_ids(tok, m["content"], chat_format) for m in demo if m["role"] == "assistant"]
     engine = _Replay(tok, actions)
     traj = asyncio.run(run_episode(engine, source.make_env(), task, SamplingParams(),
                                    group_id="g", max_context_tokens=10**6,
-                                   history_turns=history_turns))
+                                   history_turns=history_turns, chat_format=chat_format))
     assert traj.answer == task.gold_answers[0]  # the replayed demonstration reaches the goal
     return demo, engine, traj
 
@@ -55,6 +55,17 @@ def test_whole_episode_demo_is_one_row_with_actions_trained(household) -> None:
     (ids, mask), = demo_rows(tok, task, demo)
     assert ids == traj.token_ids()
     assert mask == [int(m) for m in traj.loss_mask()]
+
+
+@pytest.mark.parametrize("chat_format", ["mistral", "llama3_json"])
+def test_demo_rows_are_written_in_the_policy_chat_format(household, chat_format) -> None:
+    # The demonstrations are Hermes text; a policy in another format is taught its own syntax,
+    # token for token what a rollout of the same actions in that format records.
+    source, tok, task = household
+    demo, engine, traj = _replay(source, tok, task, None, chat_format)
+    (ids, mask), = demo_rows(tok, task, demo, chat_format=chat_format)
+    assert ids == traj.token_ids() and mask == [int(m) for m in traj.loss_mask()]
+    assert "<tool_call>" not in tok.decode(ids) and demo_rows(tok, task, demo)[0][0] != ids
 
 
 @pytest.mark.parametrize("history_turns", [0, 2])
