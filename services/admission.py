@@ -94,6 +94,8 @@ RULES: dict[str, Rule] = {
     "SearchDataConfig.index_cache_dir": Rule("write", cache="search_index"),
     "ToolUseConfig.train_path": Rule("data"),
     "ToolUseConfig.heldout_path": Rule("data"),
+    "RolloutConfig.chat_format": Rule("inert", "a name in the chat format registry (envs.formats), checked "
+                                      "against it when the config is read"),
     "HFEngineConfig.device": Rule("inert", "a torch device; non-cpu devices count against limits.max_gpus"),
     "IGConfig.prefix": Rule("inert", "text put before the gold answer"),
     "IGConfig.suffix": Rule("inert", "text put after the gold answer"),
