@@ -19,7 +19,7 @@ from envs.bfcl.env import BfclEnv, checker_entry
 from envs.bfcl.official import ast_verdict
 from envs.bfcl.process import WorkerProcess
 from envs.config import BfclConfig
-from envs.tool_use.matching import match_trace
+from envs.tool_use.matching import call_metrics
 from envs.toolcalls import ToolCall, format_call
 
 
@@ -95,9 +95,7 @@ class BfclTaskSource(SplitTaskSource):
                         labels: list[float]) -> dict[str, float]:
         """Adds the calls matched one-to-one against the gold calls (AST match):
         ``call_precision``, ``call_recall``, ``call_f1``."""
-        trace = match_trace(calls, task.gold_tool_calls or [])
-        return super().episode_metrics(task, answer, calls, labels) | {
-            f"call_{k}": trace[k] for k in ("precision", "recall", "f1")}
+        return super().episode_metrics(task, answer, calls, labels) | call_metrics(calls, task.gold_tool_calls)
 
     def corpus_text(self) -> list[str]:
         """Questions, tool schemas and gold calls of the train split."""

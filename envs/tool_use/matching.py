@@ -103,3 +103,10 @@ def match_trace(predicted: list[ToolCall], gold: list[ToolCall]) -> dict[str, fl
     recall = matched / len(gold) if gold else float(not predicted)
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"matched": float(matched), "precision": precision, "recall": recall, "f1": f1}
+
+
+def call_metrics(predicted: list[ToolCall], gold: list[ToolCall] | None) -> dict[str, float]:
+    """An episode's calls matched one-to-one against its gold calls (``match_trace``), as the
+    metrics environments with gold calls report: ``call_precision``, ``call_recall``, ``call_f1``."""
+    trace = match_trace(predicted, gold or [])
+    return {f"call_{k}": trace[k] for k in ("precision", "recall", "f1")}

@@ -16,7 +16,7 @@ from envs.config import ToolUseConfig
 from envs.tool_use.env import ToolUseEnv
 from envs.tool_use.files import load_tool_tasks
 from envs.tool_use.generator import SYSTEM_PROMPT, TOOL_SCHEMAS, generate_tasks
-from envs.tool_use.matching import match_trace
+from envs.tool_use.matching import call_metrics
 from envs.tool_use.sandbox import Limits
 from envs.toolcalls import ToolCall, format_call
 
@@ -73,9 +73,7 @@ class ToolUseTaskSource(SplitTaskSource):
                         labels: list[float]) -> dict[str, float]:
         """Adds the episode's calls matched one-to-one against the gold trace (AST match):
         ``call_precision``, ``call_recall``, ``call_f1``."""
-        trace = match_trace(calls, task.gold_tool_calls or [])
-        return super().episode_metrics(task, answer, calls, labels) | {
-            f"call_{k}": trace[k] for k in ("precision", "recall", "f1")}
+        return super().episode_metrics(task, answer, calls, labels) | call_metrics(calls, task.gold_tool_calls)
 
     def demonstration(self, task: Task) -> list[dict[str, Any]]:
         """Gold calls one per turn with their real outputs, then the gold answer.
