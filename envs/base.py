@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from envs.formats import DEFAULT_FORMAT
 from envs.toolcalls import ToolCall, format_answer, format_call
 
 
@@ -94,7 +95,7 @@ class Environment(ABC):
     """
 
     max_turns: int = 4
-    chat_format: str = "hermes"
+    chat_format: str = DEFAULT_FORMAT
     """The policy's chat format (``envs.formats``): how ``step`` parses the action's tool calls
     (``parse_action(action, self.chat_format)``). The rollout sets it on each new episode."""
 

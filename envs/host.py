@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import Environment, Observation, StepResult, Task
 from envs.registry import make_task_source
 
@@ -27,7 +28,7 @@ class EnvHost:
         self._episodes: dict[str, Environment] = {}
         self._counts = {"opened": 0, "steps": 0, "closed": 0}
 
-    async def open(self, task: Task, chat_format: str = "hermes") -> tuple[str, Observation, int]:
+    async def open(self, task: Task, chat_format: str = DEFAULT_FORMAT) -> tuple[str, Observation, int]:
         """Start an episode: (episode id, first observation, turn limit). ``chat_format``: the
         policy's, which the episode parses actions in."""
         env = self.source.make_env()

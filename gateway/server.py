@@ -13,6 +13,7 @@ import logging
 import socket
 from typing import Any
 
+from envs.formats import DEFAULT_FORMAT
 from gateway.app import build_app
 from gateway.config import LiveConfig
 from gateway.service import LiveService
@@ -25,7 +26,7 @@ STOP_DRAIN_S = 10.0
 class LiveGateway:
     def __init__(self, cfg: LiveConfig, engine: Any, ports: Any = None,
                  scorable_without_feedback: bool = False, run_id: str = "",
-                 record_path: str | None = None, early_judge: bool = False, chat_format: str = "hermes") -> None:
+                 record_path: str | None = None, early_judge: bool = False, chat_format: str = DEFAULT_FORMAT) -> None:
         self.cfg = cfg
         self.service = LiveService(cfg, engine, ports, scorable_without_feedback, record_path, early_judge,
                                    chat_format)

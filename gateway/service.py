@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
+from envs.formats import DEFAULT_FORMAT
 from gateway.config import LiveConfig
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.feedback import apply_feedback
@@ -91,7 +92,7 @@ class _Call:
 class LiveService:
     def __init__(self, cfg: LiveConfig, engine: EngineClient, ports: LivePorts | None,
                  scorable_without_feedback: bool = False, record_path: str | Path | None = None,
-                 early_judge: bool = False, chat_format: str = "hermes") -> None:
+                 early_judge: bool = False, chat_format: str = DEFAULT_FORMAT) -> None:
         self.cfg, self.engine, self.ports = cfg, engine, ports
         self.chat_format = chat_format
         """The policy's chat format (``rollout.chat_format``): prompts, tool calls, reasoning."""

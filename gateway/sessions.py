@@ -53,6 +53,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
+from envs.formats import DEFAULT_FORMAT
 from gateway.errors import SessionEnded, UnknownSession
 from gateway.toolcalls import AssistantReply, same_message
 from rollout import chat
@@ -157,7 +158,7 @@ class SessionRecorder:
     """Sessions of one gateway, keyed by session id."""
 
     def __init__(self, tokenizer: Any, clock: Callable[[], float] = time.monotonic,
-                 chat_format: str = "hermes") -> None:
+                 chat_format: str = DEFAULT_FORMAT) -> None:
         self.tokenizer = tokenizer
         self.clock = clock
         self.chat_format = chat_format

@@ -20,6 +20,7 @@ import traceback
 import uuid
 from dataclasses import dataclass, replace
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import Environment, Task
 from rollout import chat
 from rollout.config import RolloutConfig
@@ -46,7 +47,7 @@ async def run_episode(
     group_id: str,
     max_context_tokens: int,
     history_turns: int | None = None,
-    chat_format: str = "hermes",
+    chat_format: str = DEFAULT_FORMAT,
 ) -> Trajectory:
     """Play ``task`` to the end (answer, turn limit, context limit or error). Each action
     sees the prompt and the last ``history_turns`` turns (None: all). ``chat_format``: the
@@ -76,7 +77,7 @@ async def run_episode(
 class _Window:
     max_tokens: int
     history_turns: int | None
-    chat_format: str = "hermes"
+    chat_format: str = DEFAULT_FORMAT
 
 
 async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor: str,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import Observation, StepResult, Task
 from rollout.engines.transport import WeightHandle
 from rollout.trajectory import Group
@@ -77,7 +78,7 @@ class ActorEnvPort:
     def __init__(self, host: Any) -> None:
         self.handle = host
 
-    async def open(self, task: Task, chat_format: str = "hermes") -> tuple[str, Observation, int]:
+    async def open(self, task: Task, chat_format: str = DEFAULT_FORMAT) -> tuple[str, Observation, int]:
         return await self.handle.open.remote(task, chat_format)
 
     async def step(self, episode_id: str, action: str) -> StepResult:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import Environment, Observation, StepResult, Task
 
 
 class EnvHostPort(Protocol):
     """The three calls a remote episode makes (``rollout.ports.ActorEnvPort`` binds Ray)."""
 
-    async def open(self, task: Task, chat_format: str = "hermes") -> tuple[str, Observation, int]: ...
+    async def open(self, task: Task, chat_format: str = DEFAULT_FORMAT) -> tuple[str, Observation, int]: ...
     async def step(self, episode_id: str, action: str) -> StepResult: ...
     def close(self, episode_id: str) -> None: ...
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import Observation, StepResult, SyncEnvironment, Task, step_observation
 from envs.household.tasks import Goal, plan, task_episode
 from envs.household.world import House
@@ -33,7 +34,7 @@ ACT_TOOL: dict[str, Any] = {
         },
     },
 }
-def no_action_hint(chat_format: str = "hermes") -> str:
+def no_action_hint(chat_format: str = DEFAULT_FORMAT) -> str:
     """What the model is told when it did not act, its call in the policy's format."""
     call = format_call(ToolCall(name="act", arguments={"command": "..."}), chat_format)
     return f"No action found. Act with {call}, using one of the admissible commands."

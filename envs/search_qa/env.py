@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import (
     Observation,
     StepResult,
@@ -43,7 +44,7 @@ SEARCH_TOOL: dict[str, Any] = {
     },
 }
 
-def no_action_hint(chat_format: str = "hermes") -> str:
+def no_action_hint(chat_format: str = DEFAULT_FORMAT) -> str:
     """What the model is told when it neither called nor answered, its call in the policy's format."""
     call = format_call(ToolCall(name="search", arguments={"query": "..."}), chat_format)
     return f"No tool call or answer found. Call a tool as {call} or give the final answer as <answer>...</answer>."

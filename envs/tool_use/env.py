@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from envs.formats import DEFAULT_FORMAT
 from envs.base import (
     Observation,
     StepResult,
@@ -34,11 +35,11 @@ NO_ACTION_HINT = (
 )
 
 
-def no_action_hint(chat_format: str = "hermes") -> str:
+def no_action_hint(chat_format: str = DEFAULT_FORMAT) -> str:
     """What the model is told when it neither called nor answered. Hermes keeps the placeholder
     form above (what the built-in policies were warm-started on); another format shows its own
     call syntax."""
-    if chat_format == "hermes":
+    if chat_format == DEFAULT_FORMAT:
         return NO_ACTION_HINT
     call = format_call(ToolCall(name="<tool name>", arguments={"<argument>": "..."}), chat_format)
     return f"No tool call or answer found. Call a tool as {call} or give the final answer as <answer>...</answer>."
