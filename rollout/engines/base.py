@@ -38,6 +38,11 @@ class SamplingParams:
     seed: int | None = None
     """Seeds this request's own sampling noise, so the same request samples the same tokens
     again, whatever else shares its batch (None: the engine's shared generator)."""
+    guide: str | None = None
+    """Constrained decoding: sample only text this grammar accepts, an xgrammar structural tag
+    as JSON (``{"type": "structural_tag", "format": {...}}``, built by ``gateway.constraints``).
+    Only an engine whose ``features`` hold ``"guided"`` takes it. The log-probs recorded are
+    then those of the constrained distribution the tokens were sampled from."""
 
     def choice(self, i: int) -> "SamplingParams":
         """The params of choice ``i`` of ``n``: a seeded request's choices get seeds
@@ -117,6 +122,9 @@ def add_span(spans: list[tuple[int, int]], index: int, version: int) -> None:
 
 class Engine(ABC):
     """Serves concurrent requests; see the module docstring for the contract."""
+
+    features: frozenset[str] = frozenset()
+    """What the engine does beyond the contract: ``guided`` (``SamplingParams.guide``)."""
 
     @property
     @abstractmethod

@@ -68,6 +68,10 @@ class EngineClient(ABC):
     async def stats(self) -> list[dict[str, float]]:
         """Per-engine counters."""
 
+    @abstractmethod
+    async def features(self) -> frozenset[str]:
+        """What the engines do beyond the contract (``Engine.features``; a group is of one kind)."""
+
     async def generate_n(self, prompt_ids: list[int], params: SamplingParams,
                          request_id: str | None = None, session_id: str | None = None) -> list[Completion]:
         """``params.n`` completions of one prompt, as n requests that share engine batches
@@ -120,6 +124,9 @@ class LocalEngineClient(EngineClient):
 
     async def stats(self) -> list[dict[str, float]]:
         return [self.server.stats()]
+
+    async def features(self) -> frozenset[str]:
+        return frozenset(self.server.features())
 
 
 class RayEngineClient(EngineClient):
@@ -232,3 +239,6 @@ class RayEngineClient(EngineClient):
 
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")
+
+    async def features(self) -> frozenset[str]:
+        return frozenset(await self.handles[0].features.remote())

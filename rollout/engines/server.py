@@ -113,6 +113,10 @@ class EngineServer:
     def version(self) -> int:
         return self.engine.version
 
+    def features(self) -> list[str]:
+        """``Engine.features`` (a list: what a Ray call returns)."""
+        return sorted(self.engine.features)
+
     async def vigil(self) -> None:
         """Never returns: the driver's call that fails the moment this process dies (an engine
         on the broadcast weight transport, which is not restarted, ends the run at once)."""
