@@ -9,15 +9,10 @@ where every environment has imported them from.
 
 from __future__ import annotations
 
-import re
-
 from envs.formats import DEFAULT_FORMAT, ChatFormat, ParsedAction, ToolCall, get_format
 from envs.formats.base import ANSWER_RE
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-"""A Hermes call block (the default format's)."""
-
-__all__ = ["ANSWER_RE", "TOOL_CALL_RE", "ParsedAction", "ToolCall", "format_answer", "format_call", "parse_action"]
+__all__ = ["ANSWER_RE", "ParsedAction", "ToolCall", "format_answer", "format_call", "parse_action"]
 
 
 def parse_action(text: str, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> ParsedAction:

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from envs.formats import DEFAULT_FORMAT, ChatFormat, ToolCall, get_format
+from envs.formats import DEFAULT_FORMAT, ChatFormat, ToolCall, demo_text, get_format
 
 _BASE = [{"role": "user", "content": "x"}]
 _SENTINEL = "turnrl-end-of-assistant-turn-7d1e"
@@ -159,8 +159,9 @@ def decode_action(tokenizer: Any, token_ids: list[int], chat_format: str | ChatF
 def action_ids(tokenizer: Any, content: str, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> list[int]:
     """Tokens of a demonstration's assistant message, ending with end-of-turn (for SFT).
     Demonstrations are written in the default (Hermes) syntax; another format rewrites them."""
-    fmt = get_format(chat_format)
-    if fmt.name != DEFAULT_FORMAT:
-        split = get_format(DEFAULT_FORMAT).split(content)
-        content = fmt.render(split.content, split.valid_calls(), split.reasoning)
-    return tokenizer(content, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return text_ids(tokenizer, demo_text(content, chat_format))
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Tokens of an assistant message already in the policy's format, ending with end-of-turn."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

@@ -37,5 +37,16 @@ def get_format(name: str | ChatFormat) -> ChatFormat:
     return FORMATS[name]
 
 
+def demo_text(text: str, chat_format: str | ChatFormat) -> str:
+    """A demonstration's assistant message, written in the default format's syntax (every
+    environment's demonstrations are: ``envs.base.replay_gold_calls``), as ``chat_format``
+    writes it: its content, calls and reasoning re-rendered (the default format: as written)."""
+    fmt = get_format(chat_format)
+    if fmt.name == DEFAULT_FORMAT:
+        return text
+    split = get_format(DEFAULT_FORMAT).split(text)
+    return fmt.render(split.content, split.valid_calls(), split.reasoning)
+
+
 __all__ = ["DEFAULT_FORMAT", "FORMATS", "CallDraft", "ChatFormat", "ParsedAction", "Split", "StreamDelta",
-           "StreamParser", "ToolCall", "final_split", "get_format"]
+           "StreamParser", "ToolCall", "demo_text", "final_split", "get_format"]
