@@ -126,7 +126,8 @@ def start_reward_service(cfg: RunConfig, replay: Any, policy_path: str, engines:
     if n_judges:
         actor = ray.remote(JudgeWorker).options(num_cpus=sc.judge_num_cpus, max_restarts=2,
                                                  resources=cfg.cluster.service_resources)
-        judges = [actor.remote(rc.prm, policy_path, torch_threads=sc.torch_threads)
+        judges = [actor.remote(rc.prm, policy_path, torch_threads=sc.torch_threads,
+                               chat_format=cfg.rollout.chat_format)
                   for _ in range(n_judges)]
     # Surface a bad PRM/judge path here rather than as missing rewards in every group.
     ray.get([a.__ray_ready__.remote() for a in scorers + judges])

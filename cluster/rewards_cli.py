@@ -91,7 +91,7 @@ def build_service(cfg: RunConfig, policy_path: str, policy_version: int = 0) -> 
     if rc.prm is not None and rc.prm.type == "judge":
         from rewards.judge import JudgeWorker
 
-        judges = [LocalJudge(JudgeWorker(rc.prm, policy_path))]
+        judges = [LocalJudge(JudgeWorker(rc.prm, policy_path, chat_format=cfg.rollout.chat_format))]
     return RewardService(rc, None, scorers, judges, cfg.rollout.chat_format)
 
 
@@ -144,12 +144,14 @@ def train(cfg: RunConfig, output: str | None = None, episodes: str | None = None
         convert = retokenizer(AutoTokenizer.from_pretrained(policy), prm.tokenizer)
     else:
         data = labelled_episodes(source, source.tasks("train")[: tc.num_tasks], prm.tokenizer,
-                                 bad_step_rate=tc.bad_step_rate, seed=tc.seed)
+                                 bad_step_rate=tc.bad_step_rate, seed=tc.seed,
+                                 chat_format=cfg.rollout.chat_format)
     summary: dict[str, Any] = {"init_from": init, "episodes": len(data),
                                **train_prm(prm, data, tc, convert=convert)}
     if tc.heldout_tasks:
         held = labelled_episodes(source, source.tasks("heldout")[: tc.heldout_tasks],
-                                 prm.tokenizer, bad_step_rate=tc.bad_step_rate, seed=tc.seed + 1)
+                                 prm.tokenizer, bad_step_rate=tc.bad_step_rate, seed=tc.seed + 1,
+                                 chat_format=cfg.rollout.chat_format)
         summary["heldout"] = evaluate_prm(prm, held, token_budget=prm_cfg.token_budget)
     prm.save(out_dir, summary)
     return {"path": str(Path(out_dir).resolve()), "version": prm.version, **summary}

@@ -8,17 +8,22 @@ none, or a number outside [score_min, score_max], is unparseable. Unparseable re
 
 Backends are callables ``list[str] -> list[str]`` (prompts in, replies out): ``HFJudge`` runs
 any Hugging Face causal LM greedily; ``callable`` imports ``package.module:name`` and calls it
-per prompt (an API client, a rule-based grader).
+per prompt (an API client, a rule-based grader), passing the run's chat format
+(``rollout.chat_format``) as ``chat_format=`` to a function that declares that parameter.
+Episodes are decoded keeping the format's own special tokens (``rollout.chat.decode_action``).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from envs.formats import DEFAULT_FORMAT
 from rewards.config import JudgeConfig
+from rollout.chat import decode_action
 from rollout.trajectory import Trajectory
 
 Backend = Callable[[list[str]], list[str]]
@@ -107,16 +112,17 @@ def judge_turns(backend: Backend, prompts: Sequence[str], cfg: JudgeConfig) -> l
 
 
 def episode_prompts(traj: Trajectory, tokenizer: Any, cfg: JudgeConfig,
-                    turns: Sequence[int] | None = None) -> list[str]:
+                    turns: Sequence[int] | None = None, chat_format: str = DEFAULT_FORMAT) -> list[str]:
     """One prompt per judged turn (``turns``, default all), the context decoded from the
-    rollout's own tokens; a hindsight judge also reads the turn's observation."""
+    rollout's own tokens; a hindsight judge also reads the turn's observation. A turn without
+    its text is decoded keeping ``chat_format``'s markers (Mistral's ``[TOOL_CALLS]``)."""
     wanted = range(len(traj.turns)) if turns is None else turns
     prompts = {}
     context_ids = list(traj.prompt_ids)
     for t, turn in enumerate(traj.turns):
         if t in wanted:
             context = tokenizer.decode(context_ids, skip_special_tokens=True)
-            text = turn.text or tokenizer.decode(turn.action_ids, skip_special_tokens=True)
+            text = turn.text or decode_action(tokenizer, turn.action_ids, chat_format)
             followed = tokenizer.decode(turn.observation_ids, skip_special_tokens=True).strip() \
                 if cfg.hindsight else None
             prompts[t] = judge_prompt(cfg, context, text, t, followed)
@@ -158,28 +164,36 @@ class HFJudge:
         return self.tokenizer.batch_decode(new, skip_special_tokens=True)
 
 
-def load_callable(spec: str) -> Backend:
-    """``package.module:name`` -> a batch backend calling it once per prompt."""
+def load_callable(spec: str, chat_format: str = DEFAULT_FORMAT) -> Backend:
+    """``package.module:name`` -> a batch backend calling it once per prompt (with
+    ``chat_format=`` when the function takes it: a grader that reads tool calls)."""
     module_name, _, attr = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"judge function {spec!r} cannot be imported: {exc}") from None
+    try:
+        takes_format = "chat_format" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: prompt only
+        takes_format = False
+    if takes_format:
+        return lambda prompts: [str(fn(p, chat_format=chat_format)) for p in prompts]
     return lambda prompts: [str(fn(p)) for p in prompts]
 
 
-def make_backend(cfg: JudgeConfig) -> Backend:
+def make_backend(cfg: JudgeConfig, chat_format: str = DEFAULT_FORMAT) -> Backend:
     """The backend ``cfg.backend`` names."""
     if cfg.backend == "hf":
         return HFJudge(cfg.path, cfg.max_new_tokens)
-    return load_callable(cfg.function)
+    return load_callable(cfg.function, chat_format)
 
 
 class JudgeWorker:
-    """A judge backend plus the policy tokenizer that renders episodes for it (one actor)."""
+    """A judge backend plus the policy tokenizer that renders episodes for it (one actor);
+    ``chat_format``: the policy's (``rollout.chat_format``), in which its turns are read."""
 
     def __init__(self, cfg: JudgeConfig, policy_path: str, backend: Backend | None = None,
-                 torch_threads: int | None = None) -> None:
+                 torch_threads: int | None = None, chat_format: str = DEFAULT_FORMAT) -> None:
         from transformers import AutoTokenizer
 
         if torch_threads is not None:
@@ -188,16 +202,17 @@ class JudgeWorker:
             torch.set_num_threads(torch_threads)
         from storage import node_copy
 
-        self.cfg = cfg
+        self.cfg, self.chat_format = cfg, chat_format
         self.tokenizer = AutoTokenizer.from_pretrained(node_copy(policy_path))
-        self.backend = backend if backend is not None else make_backend(cfg)
+        self.backend = backend if backend is not None else make_backend(cfg, chat_format)
 
     def judge(self, trajs: Sequence[Trajectory], turns: Sequence[Sequence[int] | None] | None = None
               ) -> list[list[Judgement]]:
         """Judgements per judged turn of each trajectory (``turns[i]``: the turn indices of
         trajectory i, None for all; all of the batch in one backend call)."""
         turns = turns or [None] * len(trajs)
-        prompts = [episode_prompts(t, self.tokenizer, self.cfg, ts) for t, ts in zip(trajs, turns)]
+        prompts = [episode_prompts(t, self.tokenizer, self.cfg, ts, self.chat_format)
+                   for t, ts in zip(trajs, turns)]
         flat = judge_turns(self.backend, [p for ps in prompts for p in ps], self.cfg)
         out, k = [], 0
         for ps in prompts:
@@ -206,8 +221,9 @@ class JudgeWorker:
         return out
 
 
-def format_judge(prompt: str) -> str:
-    """A rule-based judge (``rewards.judge:format_judge``): grades the step's protocol only.
+def format_judge(prompt: str, chat_format: str = DEFAULT_FORMAT) -> str:
+    """A rule-based judge (``rewards.judge:format_judge``): grades the step's protocol only,
+    read in the run's ``chat_format`` (the callable backend passes it).
 
     10 for a well-formed tool call or answer, 0 otherwise. Deterministic; a baseline and a
     self-test of the judge pipeline, not a substitute for a model judge.
@@ -215,6 +231,9 @@ def format_judge(prompt: str) -> str:
     from envs.toolcalls import parse_action
 
     step = prompt.rsplit("### Your grade", 1)[0].split(" to grade\n")[-1]
-    parsed = parse_action(step)
+    # A hindsight prompt shows what followed the step: not part of the step (in llama3_json a
+    # call message is nothing but calls, so trailing text would make it malformed).
+    step = step.split("\n\n### What followed step ", 1)[0]
+    parsed = parse_action(step, chat_format)
     ok = parsed.balanced and not parsed.errors and (parsed.calls or parsed.answer is not None)
     return f"The step is {'well' if ok else 'badly'} formed.\nScore: {10 if ok else 0}"
