@@ -85,6 +85,8 @@ def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
 
 
 class VLLMEngine(Engine):
+    features = frozenset({"guided"})
+
     def __init__(self, cfg: VLLMEngineConfig, model_path: str, seed: int = 0) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -137,7 +139,9 @@ class VLLMEngine(Engine):
             # shards as processes of this actor, on its node and its GPUs (never a Ray executor
             # that would place them elsewhere)
             distributed_executor_backend="mp" if cfg.tensor_parallel_size > 1 else None,
-            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", skip_tokenizer_init=True,
+            # vLLM loads the tokenizer (no detokenizing: requests set detokenize=False) because
+            # structured outputs compile their grammars against its vocabulary.
+            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
             worker_extension_cls="rollout.engines.vllm_worker.TurnRLWorkerExtension", disable_log_stats=True)
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")
@@ -153,13 +157,15 @@ class VLLMEngine(Engine):
     # -- requests ------------------------------------------------------------------------------
     def _sampling(self, params: SamplingParams) -> Any:
         from vllm import SamplingParams as VSampling
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         eos = self._tokenizer.eos_token_id
         stops = sorted(set(params.stop_token_ids) | ({eos} if eos is not None else set()))
+        # The grammar masks the logits before sampling: processed log-probs are the constrained ones.
+        guided = StructuredOutputsParams(structural_tag=params.guide) if params.guide else None
         return VSampling(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
                          stop_token_ids=stops, logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA,
-                         seed=params.seed)
+                         seed=params.seed, structured_outputs=guided)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
                      request_id: str | None = None) -> AsyncIterator[Chunk]:
