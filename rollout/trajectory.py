@@ -158,6 +158,11 @@ class LiveOrigin(BaseModel):
     prejudged: dict[int, dict[str, Any]] = {}
     """Turn index -> judgement (``score``, ``raw``, ``error``) the judge gave while the session
     was still open, so the reward service does not judge those turns again at its close."""
+    constrained: dict[int, str] = {}
+    """Turn index -> what constrained its sampling (``tool_choice_required``, ``tool_choice_named``,
+    ``strict_tools``, ``response_format_json_schema``, ``response_format_json_object``: a grammar
+    masked the distribution, ``gateway.constraints``). The tokens are exactly the sampled ones; the
+    recorded log-probs are the constrained distribution's, not the policy's own."""
 
 
 class Trajectory(BaseModel):
