@@ -56,6 +56,17 @@ class EngineGroupConfig(BaseModel):
     flight continue on the new weights and record the version change (no request waits).
     ``between_batches``: only when no batch is running, so every completion has one version
     (updates wait for in-flight requests to finish)."""
+    stale_kv_versions: int = Field(4, ge=0)
+    """How many weights versions old the keys and values a generation reuses from the prefix
+    cache may be. A new version lands while episodes are mid-way; their next turn's prompt
+    extends KV the older weights computed. N (default 4): the turn continues on that KV while
+    it is at most N versions old, as a request in flight already continues on its own KV across
+    an in-flight update (PipelineRL keeps it whatever its age); the tokens are sampled and
+    labelled by the new version, and the log-probs recorded are those of the distribution the
+    engine sampled from, so the learner's importance ratios stay exact. 0: every version change
+    re-prefills each episode's whole context (AReaL's choice; on the 2-core pipeline bench +40%
+    prefilled tokens a step with updates every step). Prompt log-probs (IG's engine scorer)
+    always use the current version's KV only. vLLM salts its cache per span of N+1 versions."""
     max_restarts: int = Field(3, ge=0)
     """Times Ray starts a dead engine actor again (a crash, a lost node). The new one pins
     its cores and loads the newest published version (from the weight sync) before it serves; requests that were in

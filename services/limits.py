@@ -92,6 +92,7 @@ FREE: dict[str, str] = {
         "TrajectoryBalanceConfig.log_z_lr", "TrajectoryBalanceConfig.log_reward_floor", "EvalConfig.temperature",
         "HouseholdConfig.success_reward", "HouseholdConfig.invalid_penalty", "TrainConfig.live_fraction",
         "VLLMEngineConfig.gpu_memory_utilization", "RewardsConfig.weights", "ReplayConfig.eta",
+        "HFEngineConfig.stale_kv_versions", "VLLMEngineConfig.stale_kv_versions",
         "SearchQAConfig.hop_weights", "JudgeConfig.clip_bound", "JudgeConfig.clip_shift", "JudgeConfig.score_max",
         "JudgeConfig.score_min", "JudgeConfig.weight", "PRMConfig.clip_bound", "PRMConfig.clip_shift",
         "PRMConfig.weight", "PRMTrainConfig.bad_step_rate", "PRMTrainConfig.lr", "BfclConfig.heldout_fraction")},

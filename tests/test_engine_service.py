@@ -444,8 +444,8 @@ def test_prompt_logprobs_from_first_are_the_tail_of_the_whole_prompts(client) ->
 def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client, kind, tiny_policy) -> None:
     """HF engine's prefix cache: the next turn of an episode (prompt + completion + an
     observation) and an answer template scored after it reuse the kept KV, and get what a
-    plain forward pass gives them; after a weight update nothing of the old version is
-    reused."""
+    plain forward pass gives them; after a weight update a generation reuses the old version's
+    KV and prompt scoring does not."""
     if kind != "hf":
         pytest.skip("vLLM's prefix cache is its own (tested by vLLM)")
     from transformers import AutoModelForCausalLM
@@ -471,10 +471,16 @@ def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client,
     want = logp[len(turn2) + 7:-1].gather(-1, torch.tensor(scored[len(turn2) + 8:])[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(lps), want, atol=2e-4, rtol=0)
 
+    # After an update a generation continues on the older version's KV (``stale_kv_versions``,
+    # 4 by default), counted as stale; prompt scoring reuses only the new version's
     again = client.engine.stats()
     _run(client.update_weights(client.version + 1, InMemoryWeights(_local_state(tiny_policy[0]))))
     _run(client.generate(turn2, params))
-    assert client.engine.stats()["prefix_reused_tokens"] == again["prefix_reused_tokens"]
+    now = client.engine.stats()
+    assert now["prefix_reused_tokens"] - again["prefix_reused_tokens"] == len(turn2) - 1
+    assert now["prefix_stale_reused_tokens"] - again["prefix_stale_reused_tokens"] == len(turn2) - 1
+    _run(client.prompt_logprobs(scored, first=len(turn2) + 8))
+    assert client.engine.stats()["prefix_reused_tokens"] == now["prefix_reused_tokens"]
 
 
 def test_prompt_logprobs_are_served_while_a_batch_decodes(client, kind) -> None:

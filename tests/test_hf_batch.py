@@ -111,3 +111,43 @@ def test_prompt_scores_are_a_full_forwards_log_probs(batch) -> None:
             logp = torch.log_softmax(batch.model(torch.tensor([item.ids])).logits[0].float(), -1)
         want = [float(logp[p - 1, item.ids[p]]) for p in range(item.first, len(item.ids))]
         assert version == batch.version and values == pytest.approx(want, abs=1e-4)
+
+
+def test_a_next_turn_after_a_new_version_continues_on_kv_up_to_stale_kv_versions_old(tiny_policy) -> None:
+    """The episode's next turn reuses its first turn's KV although new weights landed (so its
+    first token's log-prob is not a fresh forward's), prefilling only the new tokens; with
+    ``stale_kv_versions`` 0 it re-prefills everything and matches the fresh forward; prompt
+    scoring stays exact either way."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy[0], dtype=torch.float32).eval()
+    stats = {k: 0.0 for k in ("tokens", "batches", "rows", "decode_s", "joins", "forwards", "forward_rows",
+                              "prefill_tokens", "weight_changes_mid_request")}
+    batch = DecodeBatch(model, HFEngineConfig(stale_kv_versions=2), pad_id=0, eos_id=None, seed=0, stats=stats)
+    first = _row("t1", list(range(5, 45)), 4)
+    batch.run([first], Hooks())
+    gen = torch.Generator().manual_seed(1)
+    batch.load({k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}, 1)
+    prompt = first.prompt_ids + first.token_ids + [50, 51, 52]
+    fresh = _greedy(model, prompt, 1)[1][0]
+
+    before = stats["prefill_tokens"]
+    stale = _row("t2", prompt, 1)
+    batch.run([stale], Hooks())
+    assert stats["prefill_tokens"] - before == 4  # the last sampled token and the observation
+    assert stale.kv_version == 0 and stale.spans == [(0, 1)]
+    assert batch.prefix.stats["prefix_stale_reused_tokens"] == len(prompt) - 4
+    assert abs(stale.logprobs[0] - fresh) > 1e-3  # the old KV was used
+
+    class Item:
+        ids, first = prompt, len(prompt) - 3
+
+    [(version, scores)] = batch.score([Item()])
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
+    assert version == 1 and scores == pytest.approx([float(logp[p - 1, prompt[p]]) for p in range(Item.first, len(prompt))], abs=1e-4)
+
+    batch.prefix.max_age = 0  # now exact: the same turn prefills all and matches a fresh forward
+    again = _row("t3", prompt, 1)
+    batch.run([again], Hooks())
+    assert again.kv_version == 1 and again.logprobs[0] == pytest.approx(fresh, abs=1e-4)

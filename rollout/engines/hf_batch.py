@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rollout.config import HFEngineConfig
 from rollout.engines.base import SamplingParams, add_span
 from rollout.engines.kv_cache import append_rows, growing_cache, select_rows
-from rollout.engines.prefix_cache import LayerKV, PrefixCache
+from rollout.engines.prefix_cache import Hit, PrefixCache
 from rollout.engines.sampling import RowSampler
 
 
@@ -41,8 +41,8 @@ class Row:
     aborted: bool = False
     t0: float = field(default_factory=time.perf_counter)
     kv_version: int = -1
-    """The weights version its prefill ran on: its KV is kept only if every token was computed
-    on that version."""
+    """The oldest weights version that computed any of its KV (its reused prefix's, else its
+    prefill's): kept for reuse only while that is at most ``stale_kv_versions`` old."""
     generator: torch.Generator | None = None
     """Its own sampling noise (``params.seed``): the same tokens again, whatever shares the batch."""
 
@@ -109,7 +109,7 @@ class DecodeBatch:
         self.model, self.cfg, self.pad_id, self.eos_id, self.stats = model, cfg, pad_id, eos_id, stats
         self.version = 0
         """The version of the weights the model holds."""
-        self.prefix = PrefixCache(int(cfg.prefix_cache_mib * 2**20))
+        self.prefix = PrefixCache(int(cfg.prefix_cache_mib * 2**20), max_age=cfg.stale_kv_versions)
         # On the model's device: sampling draws its noise there (a CPU generator fails on cuda).
         self.gen = torch.Generator(device=model.device).manual_seed(seed)
         self.sdpa = model.config._attn_implementation == "sdpa"
@@ -192,14 +192,14 @@ class DecodeBatch:
         Identical prompts are computed once and their row copied: a GRPO group's G episodes
         open with the same prompt and arrive together, and that first-turn prefill was most
         of the engine's prefill work (vLLM shares it the same way, through its prefix cache)."""
-        for r in reqs:
-            r.kv_version = self.version
         slots: dict[tuple[int, ...], int] = {}
         row_of = [slots.setdefault(tuple(r.prompt_ids), len(slots)) for r in reqs]
         prompts = [list(p) for p in slots]
         reuse = [self.prefix.lookup(p, self.version, len(p) - 1) for p in prompts]
+        for r, slot in zip(reqs, row_of):
+            r.kv_version = reuse[slot].version
         out, mask, pos = self._extend(prompts, reuse, keep=1)
-        self.stats["prefill_tokens"] += sum(len(p) - r for p, (r, _) in zip(prompts, reuse))
+        self.stats["prefill_tokens"] += sum(len(p) - hit.n for p, hit in zip(prompts, reuse))
         cache, logits, next_pos = out.past_key_values, out.logits[:, -1], pos[:, -1:] + 1
         if len(prompts) < len(reqs):
             index = torch.tensor(row_of, device=mask.device)
@@ -207,7 +207,7 @@ class DecodeBatch:
             mask, next_pos, logits = mask[index], next_pos[index], logits[index]
         return Rows(list(reqs), cache, mask, next_pos, logits)
 
-    def _extend(self, prompts: list[list[int]], reuse: list[tuple[int, list[LayerKV]]],
+    def _extend(self, prompts: list[list[int]], reuse: list[Hit],
                 keep: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """One forward pass over each prompt's tokens past its reused prefix (``reuse[i]``: its
         length r and KV); the output (logits of the last ``keep`` positions), the cache's
@@ -218,12 +218,12 @@ class DecodeBatch:
         as the longest s, masked columns in between (positions come from the ids, not the
         columns, so a gap changes nothing). Without reuse this is a plain left-padded prefill."""
         dev = self.cfg.device
-        n, width = len(prompts), max(r for r, _ in reuse)
-        new = max(len(p) - r for p, (r, _) in zip(prompts, reuse))
+        n, width = len(prompts), max(hit.n for hit in reuse)
+        new = max(len(p) - hit.n for p, hit in zip(prompts, reuse))
         ids = torch.full((n, new), self.pad_id, dtype=torch.long)
         att = torch.zeros((n, width + new), dtype=torch.long)
         pos = torch.zeros((n, new), dtype=torch.long)
-        for i, (p, (r, _)) in enumerate(zip(prompts, reuse)):
+        for i, (p, (r, _, _)) in enumerate(zip(prompts, reuse)):
             s = len(p) - r
             ids[i, new - s:] = torch.tensor(p[r:])
             att[i, width - r:width] = 1
@@ -235,25 +235,25 @@ class DecodeBatch:
                          use_cache=True, logits_to_keep=keep)
         return out, att.bool(), pos
 
-    def _past(self, reuse: list[tuple[int, list[LayerKV]]], width: int) -> Any:
+    def _past(self, reuse: list[Hit], width: int) -> Any:
         """A batch cache (``kv_cache.growing_cache``) of the reused prefixes, each left-padded
         to ``width`` columns."""
-        like = next(kv for r, kv in reuse if r)
+        like = next(kv for r, kv, _ in reuse if r)
         cache = growing_cache(self.model.config)
         for layer, (k0, _) in enumerate(like):
             blank = k0.new_zeros((k0.shape[0], width, k0.shape[2]))
-            keys = [F.pad(kv[layer][0], (0, 0, width - r, 0)) if r else blank for r, kv in reuse]
-            values = [F.pad(kv[layer][1], (0, 0, width - r, 0)) if r else blank for r, kv in reuse]
+            keys = [F.pad(kv[layer][0], (0, 0, width - r, 0)) if r else blank for r, kv, _ in reuse]
+            values = [F.pad(kv[layer][1], (0, 0, width - r, 0)) if r else blank for r, kv, _ in reuse]
             cache.update(torch.stack(keys).to(self.cfg.device), torch.stack(values).to(self.cfg.device), layer)
         return cache
 
     def remember(self, rows: Rows, going: list[int]) -> None:
         """Keep the KV of the rows leaving: their prompt and every token fed forward (all but
-        the last one sampled), when one weights version computed all of it."""
+        the last one sampled), labelled with the oldest version that computed any of it."""
         stay = set(going)
         for i, req in enumerate(rows.reqs):
-            if i not in stay and not req.aborted and req.kv_version == self.version:
-                self._keep_row(req.prompt_ids + req.token_ids[:-1], rows.cache, rows.mask, i, self.version)
+            if i not in stay and not req.aborted:
+                self._keep_row(req.prompt_ids + req.token_ids[:-1], rows.cache, rows.mask, i, req.kv_version)
 
     def _keep_row(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int, version: int) -> None:
         """Hand row ``row`` of a batch cache (its real columns, copied) to the prefix cache."""
@@ -262,7 +262,7 @@ class DecodeBatch:
         cols = mask[row].nonzero()[:, 0]
         if len(cols) == len(ids):  # the row's real columns are exactly these tokens
             kv = [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in cache.layers]
-            self.prefix.add(ids, kv, version)
+            self.prefix.add(ids, kv, version, now=self.version)
 
     def forward(self, rows: Rows, tokens: torch.Tensor) -> None:
         """One decoding step: each row's sampled token in, its next-token logits out."""
@@ -284,10 +284,11 @@ class DecodeBatch:
         of ``items`` (each with ``ids`` and ``first``): one forward over their tokens past their
         kept prefixes (never past ``first - 1``: a kept prefix has keys and values, not logits)."""
         version = self.version  # loads run on this thread too: none lands under the pass
-        reuse = [self.prefix.lookup(it.ids, version, it.first - 1) for it in items]
+        # exact: a log-prob over another version's keys is not this version's log-prob
+        reuse = [self.prefix.lookup(it.ids, version, it.first - 1, exact=True) for it in items]
         keep = max(len(it.ids) - it.first + 1 for it in items)
         out, mask, _ = self._extend([it.ids for it in items], reuse, keep)
-        for i, (it, (reused, _)) in enumerate(zip(items, reuse)):
+        for i, (it, (reused, _, _)) in enumerate(zip(items, reuse)):
             # A scorer's next row may extend this one (IG's next boundary): keep what this row
             # computed before its scored tokens, unless the cache already held (nearly) all of it
             if it.first - 1 - reused >= self.prefix.block:

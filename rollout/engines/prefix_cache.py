@@ -13,11 +13,18 @@ the most full blocks with a request costs one dict lookup a block, however many 
 are; the candidates' tokens are then compared (keys may collide) and the match extended past
 the last full block. A match shorter than one block is not worth a reuse and is not looked for.
 
-Entries hold the KV of one weights version: the first lookup or entry of a newer version drops
-them all (another version's keys are not these weights' keys). An entry another one extends
-(the same episode's earlier turn) is dropped when the longer one arrives: every lookup it could
-answer, the longer answers at least as well. At most ``max_bytes`` of KV are held, least
-recently used out first.
+Versions. An entry is labelled with the oldest weights version that computed any of its KV.
+Another version's keys are not these weights' keys, so by default (``max_age`` 0) the first
+lookup or entry of a newer version drops them all, and every episode in flight re-prefills its
+whole context at its next turn. With ``max_age`` N a generation may reuse KV up to N versions
+old (``rollout.engine.stale_kv_versions``), as a request in flight already continues on its
+KV across an in-flight update; the log-probs the engine records are still those of the
+distribution it sampled from. Exact lookups (prompt log-probs, IG's scorer) take only the
+current version's entries.
+
+An entry another one extends (the same episode's earlier turn) is dropped when the longer one
+arrives, unless it is fresher: every lookup it could answer, the longer answers at least as
+well. At most ``max_bytes`` of KV are held, least recently used out first.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -40,33 +48,49 @@ class _Entry:
     blocks: list[int]
     """The index keys of its full blocks."""
     nbytes: int
+    version: int
+    """The oldest weights version that computed any of its KV."""
+
+
+class Hit(NamedTuple):
+    """A lookup's answer: how many leading tokens are reused, each layer's KV of them (views;
+    empty when none) and the oldest version that computed it (the query's when none)."""
+
+    n: int
+    kv: list[LayerKV]
+    version: int
 
 
 class PrefixCache:
     """KV of finished sequences keyed by their tokens; lookups by longest common prefix."""
 
-    def __init__(self, max_bytes: int, block: int = 16) -> None:
-        self.max_bytes, self.block = max_bytes, block
+    def __init__(self, max_bytes: int, block: int = 16, max_age: int = 0) -> None:
+        """``max_age``: how many versions older than the lookup's an entry may be and still
+        answer a lookup that is not ``exact``."""
+        self.max_bytes, self.block, self.max_age = max_bytes, block, max_age
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # oldest use first
         self._index: dict[int, set[int]] = {}
         """Block key -> the entries holding that chain of full blocks."""
         self._version: int | None = None
         self._next_key = 0
         self.nbytes = 0
-        self.stats = {"prefix_hits": 0.0, "prefix_reused_tokens": 0.0, "prefix_evicted": 0.0}
+        self.stats = {"prefix_hits": 0.0, "prefix_reused_tokens": 0.0, "prefix_evicted": 0.0,
+                      "prefix_stale_hits": 0.0, "prefix_stale_reused_tokens": 0.0}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, ids: list[int], version: int, limit: int) -> tuple[int, list[LayerKV]]:
-        """The longest held prefix of ``ids`` computed by ``version``, at most ``limit`` tokens
-        and at least one block: its length and each layer's KV of it (views; empty when none)."""
+    def lookup(self, ids: list[int], version: int, limit: int, exact: bool = False) -> Hit:
+        """The longest held prefix of ``ids`` that ``version`` may reuse (computed by it alone
+        when ``exact``, else by it or up to ``max_age`` versions before), at most ``limit``
+        tokens and at least one block."""
         self._on_version(version)
+        oldest = version if exact else version - self.max_age
         query = ids[:limit]
         found: set[int] = set()
         depth = 0
         for key in _block_keys(query, self.block):
-            hit = self._index.get(key)
+            hit = {k for k in self._index.get(key, ()) if self._entries[k].version >= oldest}
             if not hit:
                 break
             found, depth = hit, depth + 1
@@ -76,27 +100,33 @@ class PrefixCache:
             if n > best:
                 best, best_key = n, key
         if best_key is None:
-            return 0, []
+            return Hit(0, [], version)
+        entry = self._entries[best_key]
         self._entries.move_to_end(best_key)
         self.stats["prefix_hits"] += 1
         self.stats["prefix_reused_tokens"] += best
-        return best, [(k[:, :best], v[:, :best]) for k, v in self._entries[best_key].kv]
+        if entry.version < version:
+            self.stats["prefix_stale_hits"] += 1
+            self.stats["prefix_stale_reused_tokens"] += best
+        return Hit(best, [(k[:, :best], v[:, :best]) for k, v in entry.kv], entry.version)
 
-    def add(self, ids: list[int], kv: list[LayerKV], version: int) -> None:
+    def add(self, ids: list[int], kv: list[LayerKV], version: int, now: int | None = None) -> None:
         """Hold ``kv`` (each ``[kv_heads, len(ids), head_dim]``, copied by the caller) for
-        ``ids``; entries it extends go, then the least recently used while over budget."""
-        self._on_version(version)
+        ``ids``, ``version`` the oldest that computed any of it; entries it extends go (unless
+        fresher), then the least recently used while over budget. ``now``: the engine's version
+        (``version`` when not given)."""
+        self._on_version(version if now is None else now)
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
-        if len(ids) < self.block or nbytes > self.max_bytes:
+        if len(ids) < self.block or nbytes > self.max_bytes or version < self._oldest_kept():
             return
         blocks = list(_block_keys(ids, self.block))
         extended = {key for b in blocks for key in self._index.get(b, ())}
         for key in extended:
-            held = self._entries[key].ids
-            if len(held) <= len(ids) and held == ids[:len(held)]:
+            held = self._entries[key]
+            if len(held.ids) <= len(ids) and held.version <= version and held.ids == ids[:len(held.ids)]:
                 self._drop(key)
         key, self._next_key = self._next_key, self._next_key + 1
-        self._entries[key] = _Entry(list(ids), kv, blocks, nbytes)
+        self._entries[key] = _Entry(list(ids), kv, blocks, nbytes, version)
         for b in blocks:
             self._index.setdefault(b, set()).add(key)
         self.nbytes += nbytes
@@ -104,11 +134,15 @@ class PrefixCache:
             self._drop(next(iter(self._entries)))
             self.stats["prefix_evicted"] += 1
 
+    def _oldest_kept(self) -> int:
+        return -1 if self._version is None else self._version - self.max_age
+
     def _on_version(self, version: int) -> None:
-        if version != self._version:
-            self._entries.clear()
-            self._index.clear()
-            self.nbytes, self._version = 0, version
+        """A lookup by a newer version: entries too old for it go."""
+        if self._version is None or version > self._version:
+            self._version = version
+            for key in [k for k, e in self._entries.items() if e.version < self._oldest_kept()]:
+                self._drop(key)
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
