@@ -4,7 +4,9 @@ Requests are strict: a field this server does not implement is a 400 naming it, 
 ignore. A few OpenAI parameters are accepted only at their neutral value, where accepting them
 changes nothing (``presence_penalty: 0``, ``frequency_penalty: 0``, ``parallel_tool_calls:
 true``); assistant messages a client echoes back from our own responses may carry the null
-fields the SDK keeps (``refusal``, ``function_call``, ``audio``, ``annotations``).
+fields the SDK keeps (``refusal``, ``function_call``, ``audio``, ``annotations``). Parameters
+that need constrained decoding (``tool_choice`` required or named, ``strict`` tools, JSON
+``response_format``) parse here; the service checks the engine can (``gateway.constraints``).
 
 Responses serialise the way OpenAI's do (nulls where OpenAI sends nulls, absent where it omits
 the field), so the official ``openai`` SDK and raw-JSON clients both read them.
@@ -97,8 +99,8 @@ class FunctionDef(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: Literal[False] | None = None
-    """Strict (schema-constrained) decoding is not implemented: only false/null."""
+    strict: bool | None = None
+    """True: a call of this tool follows ``parameters`` (constrained decoding, ``gateway.constraints``)."""
 
 
 class Tool(_Strict):
@@ -110,6 +112,38 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming one function: the reply is one call of it."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    """The JSON schema the reply follows (absent: any JSON object)."""
+    strict: bool | None = None
+    """Always enforced here: the reply is sampled under the schema."""
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise InvalidRequest("response_format.json_schema", "response_format json_schema needs its "
+                                 "json_schema ({'name': ..., 'schema': {...}}), and only that type takes one")
+        return self
+
+
 class ChatCompletionRequest(_Strict):
     """``POST /v1/chat/completions`` body. Parse with :func:`parse_chat_request`."""
 
@@ -118,14 +152,15 @@ class ChatCompletionRequest(_Strict):
     """Must be the served model's id (``live.model_name``; absent: that one); any other is a 404
     ``model_not_found``, as OpenAI answers."""
     tools: list[Tool] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
-    """``required`` and named functions need constrained decoding, which this server does not do."""
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    """``required`` and a named function are constrained decoding (engines with it: vLLM)."""
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, max_length=4)
+    """Up to 4 strings; the reply ends where one is first written and leaves it out."""
     logprobs: bool = False
     top_logprobs: Literal[0] | None = None
     """Only 0: alternatives are not computed (each entry's ``top_logprobs`` is empty)."""
@@ -139,9 +174,9 @@ class ChatCompletionRequest(_Strict):
     frequency_penalty: Literal[0] | None = None
     parallel_tool_calls: Literal[True] | None = None
     """The model may always write several calls in one message; false is not enforceable."""
-    response_format: dict[str, Any] | None = None
-    """Only ``{"type": "text"}`` (what a reply is anyway): the JSON modes (``json_object``,
-    ``json_schema``) need constrained decoding, which this server's engines do not do."""
+    response_format: ResponseFormat | None = None
+    """``text`` (what a reply is anyway), or the JSON modes ``json_object`` / ``json_schema``,
+    which are constrained decoding (engines with it: vLLM)."""
     store: Literal[False] | None = None
     """Only false: nothing is kept for OpenAI's stored-completions API (the run records every
     session its own way, docs/live.md)."""
@@ -158,9 +193,10 @@ class ChatCompletionRequest(_Strict):
                                  "send one of them")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options", "stream_options needs stream: true")
-        if self.response_format is not None and self.response_format != {"type": "text"}:
-            raise InvalidRequest("response_format", "response_format must be {'type': 'text'} (the JSON "
-                                 "modes need constrained decoding, which this server's engine does not do)")
+        empty = [i for i, text in enumerate(self.stop_list()) if not text]
+        if empty:
+            raise InvalidRequest("stop" if isinstance(self.stop, str) else f"stop.{empty[0]}",
+                                 "a stop string must not be empty")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
         return self
@@ -173,17 +209,14 @@ class ChatCompletionRequest(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def stop_token_ids(self, tokenizer: Any) -> tuple[int, ...]:
-        """``stop`` as engine stop tokens. Engines stop on token ids, so each stop string must
-        be exactly one token of the served tokenizer (``<|im_end|>``, ``</answer>`` if it is
-        one token ...); any other string is a 400 rather than a stop that silently never fires."""
+        """The ``stop`` strings that are exactly one token of the served tokenizer, as engine
+        stop tokens: the engine ends on them at once. Every stop string, one token or more, is
+        also watched for in the decoded text (``gateway.responses.StopWatch``)."""
         out = []
-        for i, text in enumerate(self.stop_list()):
+        for text in self.stop_list():
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                param = "stop" if isinstance(self.stop, str) else f"stop.{i}"
-                raise InvalidRequest(param, f"{text!r} is {len(ids)} tokens; this server stops only "
-                                            "on strings that are exactly one token")
-            out.append(ids[0])
+            if len(ids) == 1:
+                out.append(ids[0])
         return tuple(out)
 
     def tool_dicts(self) -> list[dict[str, Any]]:
@@ -214,8 +247,9 @@ def _named(exc: ValidationError) -> InvalidRequest:
     """Clearer messages for the unsupported choices; the field path either way."""
     err = from_validation(exc, _FIELD_NAMES)
     hints = {
-        "tool_choice": "tool_choice must be 'auto' or 'none' ('required' and named functions "
-                       "need constrained decoding, which this server does not do)",
+        "tool_choice": "tool_choice must be 'auto', 'none', 'required' or "
+                       "{'type': 'function', 'function': {'name': ...}}",
+        "stop": "stop takes a string or a list of at most 4 strings",
         "top_logprobs": "top_logprobs must be 0 (alternative tokens are not computed)",
         "presence_penalty": "presence_penalty must be 0 (penalties are not implemented)",
         "frequency_penalty": "frequency_penalty must be 0 (penalties are not implemented)",
@@ -223,17 +257,16 @@ def _named(exc: ValidationError) -> InvalidRequest:
                                "be enforced)",
         "store": "store must be false (completions are not stored for retrieval)",
     }
-    if err.param is not None and err.param.endswith(".function.strict"):
-        return InvalidRequest(err.param, "strict must be false or absent: strict tool schemas need "
-                                         "constrained decoding, which this server's engine does not do")
+    if err.param is not None and err.param.startswith("tool_choice"):
+        return InvalidRequest("tool_choice", hints["tool_choice"])
     return InvalidRequest(err.param, hints[err.param]) if err.param in hints else err
 
 
 _FIELD_NAMES = frozenset(
     name for model in (ChatCompletionRequest, Message, TextPart, ToolCall, FunctionCall, Tool,
-                       FunctionDef, StreamOptions)
+                       FunctionDef, StreamOptions, NamedToolChoice, NamedFunction, ResponseFormat, JsonSchemaSpec)
     for name in model.model_fields
-)
+) | {"schema"}
 
 
 # -- responses ------------------------------------------------------------------------------

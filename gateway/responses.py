@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from envs.formats import DEFAULT_FORMAT, ChatFormat, StreamDelta, StreamParser, get_format
+from envs.formats.base import partial_suffix
 from gateway.openai_types import (
     ChatCompletion, Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaFunction, DeltaToolCall,
     OpenAIFinish, TokenLogprob, Usage,
@@ -53,15 +54,53 @@ def decode(tokenizer: Any, token_ids: Sequence[int], chat_format: str | ChatForm
     return decode_action(tokenizer, list(token_ids), chat_format)
 
 
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` before the first place a stop string begins (OpenAI leaves the stop string out
+    of the reply), and whether one was written. The one place the ``stop`` rule lives."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[:min(hits)], True) if hits else (text, False)
+
+
+class StopWatch:
+    """Ends a choice where a stop string is first written, in the decoded text, whatever tokens
+    wrote it: fed the tokens as they are sampled, it says how many to keep (through the token
+    that completes the stop string). The engine request is then aborted; the tokens it sampled
+    after that one are dropped, so the reply and the recording end at the same token."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], chat_format: str | ChatFormat = DEFAULT_FORMAT) -> None:
+        self.tokenizer, self.stops, self.format = tokenizer, list(stops), get_format(chat_format)
+        # A stop string of L characters lies within the last 4L + 8 tokens that wrote it (a token
+        # adds at least one character, except special tokens and parts of one character).
+        self.window = 4 * max(len(s) for s in self.stops) + 8
+        self.ids: list[int] = []
+
+    def feed(self, token_ids: Sequence[int]) -> int | None:
+        """None while no stop string is written, else how many of ``token_ids`` to keep."""
+        for k, tid in enumerate(token_ids):
+            self.ids.append(tid)
+            if cut_at_stop(decode(self.tokenizer, self.ids[-self.window:], self.format), self.stops)[1]:
+                return k + 1
+        return None
+
+
+def _reply(tokenizer: Any, token_ids: Sequence[int], completion_id: str, index: int, tools_enabled: bool,
+           chat_format: str | ChatFormat, stops: Sequence[str]) -> AssistantReply:
+    """One choice's reply: its text up to any stop string, split; ``text`` keeps all it wrote."""
+    full = decode(tokenizer, token_ids, chat_format)
+    reply = split_action(cut_at_stop(full, stops)[0], completion_id, index, tools_enabled, chat_format)
+    reply.text = full
+    return reply
+
+
 def chat_completion(tokenizer: Any, completion_id: str, model: str, created: int, prompt_len: int,
                     completions: Sequence[Any], tools_enabled: bool, logprobs: bool,
-                    chat_format: str | ChatFormat = DEFAULT_FORMAT) -> tuple[ChatCompletion, list[AssistantReply]]:
+                    chat_format: str | ChatFormat = DEFAULT_FORMAT,
+                    stops: Sequence[str] = ()) -> tuple[ChatCompletion, list[AssistantReply]]:
     """The response to a non-streamed request, and each choice's reply (for the recorder).
     ``completions`` are engine completions (token_ids, logprobs, finish_reason, version_spans)."""
     choices, replies = [], []
     for i, comp in enumerate(completions):
-        text = decode(tokenizer, comp.token_ids, chat_format)
-        reply = split_action(text, completion_id, i, tools_enabled, chat_format)
+        reply = _reply(tokenizer, comp.token_ids, completion_id, i, tools_enabled, chat_format, stops)
         lps = ChoiceLogprobs(content=token_logprobs(tokenizer, comp.token_ids, comp.logprobs)) if logprobs else None
         choices.append(Choice(index=i, message=reply.message(), logprobs=lps,
                               finish_reason=openai_finish(comp.finish_reason, reply)))
@@ -79,8 +118,10 @@ class ChoiceStream:
     """Turns one choice's streamed tokens into chunk choices."""
 
     def __init__(self, tokenizer: Any, completion_id: str, index: int, tools_enabled: bool,
-                 logprobs: bool, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> None:
+                 logprobs: bool, chat_format: str | ChatFormat = DEFAULT_FORMAT, stops: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
+        self.stops = list(stops)
+        """Stop strings: text that could still become one is held back, and none goes out."""
         self.completion_id = completion_id
         self.index = index
         self.tools_enabled = tools_enabled
@@ -96,7 +137,9 @@ class ChoiceStream:
         self.token_ids += token_ids
         self.token_logprobs += logprobs
         # A token holding part of a character decodes to U+FFFD until the rest arrives.
-        text = decode(self.tokenizer, self.token_ids, self.format).rstrip("\ufffd")
+        text, stopped = cut_at_stop(decode(self.tokenizer, self.token_ids, self.format).rstrip("\ufffd"), self.stops)
+        if not stopped and self.stops:
+            text = text[:len(text) - max(partial_suffix(text, s) for s in self.stops)]
         delta = self._delta(self.parser.feed(text))
         lps = self._logprobs(token_ids, logprobs) if self.logprobs else None
         if delta is None and not lps and self._started:
@@ -105,10 +148,10 @@ class ChoiceStream:
 
     def finish(self, engine_reason: str) -> tuple[list[ChunkChoice], AssistantReply]:
         """The closing chunk choices (what was held back, the finish reason) and the reply."""
-        text = decode(self.tokenizer, self.token_ids, self.format)
-        reply = split_action(text, self.completion_id, self.index, self.tools_enabled, self.format)
+        reply = _reply(self.tokenizer, self.token_ids, self.completion_id, self.index, self.tools_enabled,
+                       self.format, self.stops)
         out: list[ChunkChoice] = []
-        delta = self._delta(self.parser.feed(text, final=True))
+        delta = self._delta(self.parser.feed(cut_at_stop(reply.text, self.stops)[0], final=True))
         if delta is not None:
             out.append(self._chunk(delta))
         out.append(self._chunk(Delta(), finish=openai_finish(engine_reason, reply)))

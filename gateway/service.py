@@ -19,6 +19,7 @@ status or why it was dropped, "trajectory": ...}``), the run's record of what it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -29,14 +30,15 @@ from typing import Any, AsyncIterator, Protocol
 
 from envs.formats import DEFAULT_FORMAT
 from gateway.config import LiveConfig
+from gateway.constraints import GUIDED, Guide, guide_for
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.feedback import apply_feedback
 from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, Usage, \
     parse_chat_request
-from gateway.responses import ChoiceStream, chat_completion
+from gateway.responses import ChoiceStream, StopWatch, chat_completion
 from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
 from gateway.toolcalls import template_messages
-from rollout.engines.base import Completion, SamplingParams
+from rollout.engines.base import Chunk, Completion, SamplingParams
 from rollout.engines.client import EngineClient
 from rollout.trajectory import Group, Trajectory
 
@@ -86,6 +88,7 @@ class _Call:
     params: SamplingParams
     completion_id: str
     created: int
+    guide: Guide | None = None
     completion_tokens: int = 0
 
 
@@ -108,6 +111,8 @@ class LiveService:
         self._feedback_counts = {"received": 0, "invalid": 0, "timed_out": 0}
         self._closed = dict.fromkeys(CLOSE_CAUSES, 0)
         self._pending: set[asyncio.Task] = set()
+        self._features: frozenset[str] | None = None
+        """The engines' ``features``, asked once (the first request that needs one)."""
 
     # -- chat ------------------------------------------------------------------------------
     async def open_call(self, body: Any, session_header: str | None) -> _Call:
@@ -124,18 +129,56 @@ class LiveService:
             raise InvalidRequest("messages", f"the conversation is {len(prepared.prompt_ids)} tokens; with "
                                  f"max_tokens {max_new} it exceeds the server's context of "
                                  f"{self.cfg.max_context_tokens} tokens")
+        guide = await self._guide(req)
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_new,
                                 stop_token_ids=req.stop_token_ids(self.engine.tokenizer), n=req.n,
-                                seed=req.seed)
-        return _Call(req, prepared, params, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+                                seed=req.seed, guide=guide.tag if guide else None)
+        return _Call(req, prepared, params, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), guide)
+
+    async def _guide(self, req: ChatCompletionRequest) -> Guide | None:
+        """The request's constraint; a 400 naming its parameter when the engine cannot."""
+        guide = guide_for(req, self.chat_format)
+        if guide is None:
+            return None
+        if self._features is None:
+            self._features = await self.engine.features()
+        if GUIDED not in self._features:
+            raise InvalidRequest(guide.param, f"{guide.param} ({guide.reason.replace('_', ' ')}) needs constrained "
+                                 "decoding, which this run's engine (the HF engine) does not do; serve with the "
+                                 "vLLM engine (rollout.engine.type: vllm), or drop it")
+        return guide
+
+    async def _choice_chunks(self, call: _Call, i: int, request_id: str) -> AsyncIterator[Chunk]:
+        """Choice ``i``'s chunks from the engine; with ``stop`` strings, cut at the token that
+        completes the first one written (finish ``stop``) and the engine request aborted."""
+        watch = StopWatch(self.engine.tokenizer, call.req.stop_list(), self.chat_format) if call.req.stop else None
+        chunks = self.engine.stream(call.prepared.prompt_ids, call.params.choice(i), request_id,
+                                    session_id=call.prepared.session_id)
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                keep = watch.feed(chunk.token_ids) if watch is not None else None
+                if keep is not None:
+                    yield Chunk(chunk.request_id, chunk.token_ids[:keep], chunk.logprobs[:keep], chunk.version, "stop")
+                    return
+                yield chunk
+
+    async def _until_stop(self, call: _Call, i: int) -> Completion:
+        comp = Completion.empty(f"{call.completion_id}-{i}")
+        async for chunk in self._choice_chunks(call, i, comp.request_id):
+            comp.take(chunk)
+        return comp
 
     async def complete(self, call: _Call) -> dict[str, Any]:
-        comps = await self.engine.generate_n(call.prepared.prompt_ids, call.params,
-                                             session_id=call.prepared.session_id)
+        if call.req.stop:  # the decoded text is watched as it is sampled
+            comps = list(await asyncio.gather(*[self._until_stop(call, i) for i in range(call.params.n)]))
+        else:
+            comps = await self.engine.generate_n(call.prepared.prompt_ids, call.params,
+                                                 session_id=call.prepared.session_id)
         response, replies = chat_completion(
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
-            len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format)
-        self._judge_followed(self.recorder.record(call.prepared, comps, replies))
+            len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format,
+            call.req.stop_list())
+        self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call)))
         call.completion_tokens = response.usage.completion_tokens
         return response.wire()
 
@@ -144,14 +187,13 @@ class LiveService:
         A consumer that stops early aborts the engine requests and records nothing."""
         tok, n = self.engine.tokenizer, call.params.n
         outs = [ChoiceStream(tok, call.completion_id, i, bool(call.prepared.tools), call.req.logprobs,
-                             self.chat_format) for i in range(n)]
+                             self.chat_format, call.req.stop_list()) for i in range(n)]
         comps = [Completion.empty(f"{call.completion_id}-{i}") for i in range(n)]
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int) -> None:
             try:
-                async for chunk in self.engine.stream(call.prepared.prompt_ids, call.params.choice(i), comps[i].request_id,
-                                                      session_id=call.prepared.session_id):
+                async for chunk in self._choice_chunks(call, i, comps[i].request_id):
                     await queue.put((i, chunk))
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
                 await queue.put((i, exc))
@@ -178,7 +220,7 @@ class LiveService:
             for t in tasks:
                 t.cancel()
         replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
-        self._judge_followed(self.recorder.record(call.prepared, comps, replies))
+        self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call)))
         call.completion_tokens = sum(len(c.token_ids) for c in comps)
         if call.req.stream_options is not None and call.req.stream_options.include_usage:
             done = sum(len(c.token_ids) for c in comps)
@@ -186,6 +228,10 @@ class LiveService:
             yield ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
                                       choices=[], usage=Usage(prompt_tokens=p, completion_tokens=done,
                                                               total_tokens=p + done))
+
+    @staticmethod
+    def _constrained(call: _Call) -> str | None:
+        return call.guide.reason if call.guide is not None else None
 
     def _judge_followed(self, followed: tuple[Any, int] | None) -> None:
         """Turn t's next state just arrived: have the judge score it now (on a copy of the

@@ -62,7 +62,7 @@ from rollout.trajectory import LiveOrigin, Trajectory, Turn
 CAUSES = ("history_rewritten", "template_not_append_only", "retokenization_drift", "concurrent_requests",
           "closed_in_flight")
 COUNTERS = ("sessions_opened", "sessions_closed", "requests", "stitched", "stitched_by_render",
-            "stitched_over_rerender", "segments", "unchosen_choices", *CAUSES)
+            "stitched_over_rerender", "segments", "unchosen_choices", "constrained", *CAUSES)
 
 
 class SampledCompletion(Protocol):
@@ -252,10 +252,12 @@ class SessionRecorder:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def record(self, prepared: PreparedPrompt, completions: Sequence[SampledCompletion],
-               replies: Sequence[AssistantReply]) -> tuple[LiveSegment, int] | None:
-        """Store a request's sampled choices (``replies[i]`` is what choice ``i`` returned).
-        Returns the segment and the index of the turn whose next state (tool result, user
-        reply) this request brought, when it was stitched on; else None."""
+               replies: Sequence[AssistantReply], constrained: str | None = None) -> tuple[LiveSegment, int] | None:
+        """Store a request's sampled choices (``replies[i]`` is what choice ``i`` returned);
+        ``constrained``: why a grammar constrained their sampling (``gateway.constraints``),
+        kept as ``LiveOrigin.constrained`` of the turn. Returns the segment and the index of the
+        turn whose next state (tool result, user reply) this request brought, when it was
+        stitched on; else None."""
         if not completions or len(completions) != len(replies):
             raise ValueError(f"record needs one reply per completion ({len(completions)} completions, "
                              f"{len(replies)} replies)")
@@ -279,6 +281,9 @@ class SessionRecorder:
             self._open_segment(session, prepared.prompt_ids, prepared.cause)
         seg = session.segments[-1]
         _append(seg, choices[0])
+        if constrained is not None and seg.trajectory.live is not None:
+            seg.trajectory.live.constrained[len(seg.trajectory.turns) - 1] = constrained
+            self._counters["constrained"] += 1
         self._counters["requests"] += 1
         self._counters["unchosen_choices"] += len(choices) - 1
         session.last = _Last(prepared.prompt_ids, prepared.messages, prepared.tools, choices)

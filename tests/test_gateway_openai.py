@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from envs.toolcalls import ToolCall
 from gateway.errors import InvalidRequest
 from gateway.openai_types import ChatCompletionChunk, ModelCard, ModelList, parse_chat_request
-from gateway.responses import ChoiceStream, chat_completion
+from gateway.responses import ChoiceStream, StopWatch, chat_completion, cut_at_stop
 from gateway.toolcalls import split_action, template_messages, tool_call_id
 from gateway_fixtures import CALL_TEXT, TOOLS, Sampled, tiny_tokenizer
 
@@ -29,10 +29,13 @@ def tok(tmp_path_factory):
 
 @pytest.mark.parametrize("extra, param", [
     ({"foo": 1}, "foo"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"logit_bias": {"5": 1}}, "logit_bias"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, "tool_choice"),
+    ({"tool_choice": "any"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"nam": "search"}}}, "tool_choice"),
+    ({"stop": ["a", ""]}, "stop.1"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"parallel_tool_calls": False}, "parallel_tool_calls"),
@@ -42,7 +45,7 @@ def tok(tmp_path_factory):
     ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": True, "stream_options": {"include_obfuscation": False}}, "stream_options.include_obfuscation"),
-    ({"tools": [{"type": "function", "function": {"name": "s", "strict": True}}]}, "tools.0.function.strict"),
+    ({"tools": [{"type": "function", "function": {"name": "s", "strict": 3}}]}, "tools.0.function.strict"),
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages.0.name"),
     ({"messages": [{"role": "developer", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "tool", "content": "Paris"}]}, "messages.0"),
@@ -210,10 +213,28 @@ def test_the_model_list_parses_with_the_served_version() -> None:
     assert (sdk.id, sdk.object, sdk.owned_by, body["data"][0]["version"]) == ("policy", "model", "turnrl", 12)
 
 
-def test_stop_strings_become_stop_tokens_only_when_each_is_one_token(tok) -> None:
-    single = parse_chat_request({"messages": USER, "stop": ["<|im_end|>", "Paris"]})
-    assert single.stop_token_ids(tok) == (tok.eos_token_id, _ids(tok, "Paris")[0])
-    multi = parse_chat_request({"messages": USER, "stop": ["Paris", "Let me"]})
-    with pytest.raises(InvalidRequest) as info:
-        multi.stop_token_ids(tok)
-    assert info.value.param == "stop.1" and "'Let me' is 4 tokens" in info.value.message  # Le|t|Ġ|me
+def test_stop_strings_of_one_token_are_also_engine_stop_tokens(tok) -> None:
+    # every stop string is watched for in the text; one-token ones also stop the engine at once
+    req = parse_chat_request({"messages": USER, "stop": ["<|im_end|>", "Paris", "Let me"]})
+    assert req.stop_token_ids(tok) == (tok.eos_token_id, _ids(tok, "Paris")[0])  # 'Let me' is Le|t|Ġ|me
+
+
+def test_a_reply_ends_before_the_first_stop_string_written_and_streams_none_of_it(tok) -> None:
+    ids = _ids(tok, "Hello Observation: more")
+    watch = StopWatch(tok, ["Observation:", "zz"])
+    keep = watch.feed(ids)
+    assert tok.decode(ids[:keep]).endswith("Observation:") and not tok.decode(ids[:keep - 1]).endswith("Observation:")
+    assert cut_at_stop(tok.decode(ids), ["Observation:", "more"]) == ("Hello ", True)
+    comps = [Sampled(ids[:keep], [-0.5] * keep, "stop", [(0, 3)])]
+    response, replies = chat_completion(tok, "c1", "m", 0, 4, comps, False, False, stops=["Observation:"])
+    assert (response.choices[0].message.content, replies[0].text) == ("Hello ", "Hello Observation:")
+    stream = ChoiceStream(tok, "c1", 0, False, False, stops=["Observation:"])
+    sent = ""
+    for tid in ids[:keep]:
+        for c in stream.push([tid], [-0.5]):
+            sent += c.delta.content or ""
+    closing, reply = stream.finish("stop")
+    sent += "".join(c.delta.content or "" for c in closing)
+    assert sent == reply.content == "Hello "
+
+
