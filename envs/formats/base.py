@@ -71,6 +71,9 @@ class CallDraft:
     """The parsed call, set when the finished block is well formed."""
     error: str | None = None
     """Why the finished block is malformed (set only once it is finished)."""
+    span: tuple[int, int] | None = None
+    """Set by an incremental scanner instead of ``arguments`` while they are being written:
+    where they lie in the scanned text (``envs.formats.incremental``)."""
 
 
 @dataclass
@@ -113,7 +116,14 @@ def partial_suffix(text: str, tag: str) -> int:
 def read_json_call(body: str, done: bool, arg_keys: tuple[str, ...]) -> CallDraft:
     """A call body ``{"name": ..., "<arg key>": {...}}`` as far as written. ``done``: the body
     is finished (validate it and set ``call`` or ``error``)."""
-    draft = CallDraft()
+    return read_json_head(body, done, arg_keys)[0]
+
+
+def read_json_head(body: str, done: bool, arg_keys: tuple[str, ...]) -> tuple[CallDraft, int | None]:
+    """``read_json_call``, and where the arguments value starts in ``body`` while it is begun
+    but does not decode yet (else None): then the name and that start stay as they are until
+    the value is complete (the streaming shortcut, ``envs.formats.incremental``)."""
+    draft, value_at = CallDraft(), None
     arg = re.search(r'"(?:' + "|".join(arg_keys) + r')"\s*:\s*', body)
     name_region = body
     if arg:
@@ -127,6 +137,7 @@ def read_json_call(body: str, done: bool, arg_keys: tuple[str, ...]) -> CallDraf
         except ValueError:
             draft.arguments = body[start:]
             name_region = body[:arg.start()]
+            value_at = start if start < len(body) else None
     name = _NAME_RE.search(name_region)
     if name:
         try:
@@ -136,7 +147,7 @@ def read_json_call(body: str, done: bool, arg_keys: tuple[str, ...]) -> CallDraf
     if done:
         _validate(draft, body, arg_keys)
         draft.arguments = draft.arguments or "{}"  # none written: nothing of them was streamed
-    return draft
+    return draft, value_at
 
 
 def _validate(draft: CallDraft, body: str, arg_keys: tuple[str, ...]) -> None:
@@ -231,6 +242,12 @@ class ChatFormat(ABC):
     def _balanced(self, text: str) -> bool:
         pairs = [("<answer>", "</answer>"), *([self.call_tags] if self.call_tags else [])]
         return all(text.count(a) == text.count(b) for a, b in pairs)
+
+    def call_scanner(self, start: int) -> Any:
+        """An incremental ``scan_calls`` of a growing unfinished text from ``start`` (its
+        ``feed(text)`` returns an ``envs.formats.incremental.Feed``), or None: the stream
+        re-scans the whole text on each token instead."""
+        return None
 
     # -- writing ------------------------------------------------------------------------------
     @abstractmethod

@@ -6,6 +6,7 @@ builtin tiny model's convention; ``qwen3`` is the same calls after a ``<think>``
 from __future__ import annotations
 
 from envs.formats.base import ChatFormat, Scan, ToolCall, dumps, partial_suffix, read_json_call
+from envs.formats.incremental import Feed, OpenCall, first_non_space, partial_suffix_at, read_open_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -49,6 +50,9 @@ class Hermes(ChatFormat):
                 return scan
             pos = block_end
 
+    def call_scanner(self, start: int) -> "HermesScanner":
+        return HermesScanner(start)
+
     def render(self, content: str | None, calls: list[ToolCall], reasoning: str | None = None) -> str:
         sep = "\n" if self.newline_blocks else ""
         blocks = [f"{OPEN}{sep}{dumps({'name': c.name, 'arguments': c.arguments})}{sep}{CLOSE}" for c in calls]
@@ -69,3 +73,51 @@ class Qwen3(Hermes):
     name = "qwen3"
     think = ("<think>", "</think>")
     newline_blocks = True
+
+
+class HermesScanner:
+    """``Hermes.scan_calls`` of a growing unfinished text, read from where the last feed left
+    off: decided content and closed blocks are never read again, an open block's body through
+    ``read_open_call``."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start  # everything before is decided (content sent, blocks closed)
+        self.block: OpenCall | None = None
+        self.calls = 0
+
+    def feed(self, text: str) -> Feed:
+        out = Feed()
+        while True:
+            if self.block is None:
+                start = text.find(OPEN, self.pos)
+                if start < 0:
+                    end = len(text) - partial_suffix_at(text, self.pos, OPEN)
+                    out.content += text[self.pos:end]
+                    self.pos = end
+                    return out
+                out.content += text[self.pos:start]
+                self.pos, self.block = start, OpenCall(start, searched=start + len(OPEN))
+            if not self._read_block(text, self.block, out):
+                return out
+
+    def _read_block(self, text: str, block: OpenCall, out: Feed) -> bool:
+        """Read the open block into ``out``; True when it closed (go on after it)."""
+        body = block.start + len(OPEN)
+        end = text.find(CLOSE, max(body, block.searched - len(CLOSE) + 1))
+        block.searched = len(text)
+        if end >= 0:
+            draft = read_json_call(text[body:end].lstrip(), True, ("arguments",))
+            draft.closed = True
+        else:
+            body_end = len(text) - partial_suffix_at(text, body, CLOSE)
+            draft = read_open_call(text, first_non_space(text, body, body_end), body_end, ("arguments",), block)
+        if draft.name is not None:
+            if block.index is None:
+                block.index, self.calls = self.calls, self.calls + 1
+            out.calls.append((block.index, draft))
+        elif end >= 0:  # not a call: the client sees what the model wrote
+            out.content += text[block.start:end + len(CLOSE)]
+        if end < 0:
+            return False
+        self.block, self.pos = None, end + len(CLOSE)
+        return True
