@@ -483,6 +483,31 @@ def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client,
     assert client.engine.stats()["prefix_reused_tokens"] == now["prefix_reused_tokens"]
 
 
+def test_vllm_reuses_blocks_within_stale_kv_versions_and_scores_on_its_own(client, kind, policy_state) -> None:
+    """vLLM's prefix cache through its salts: a generation after one update reuses the blocks an
+    earlier one computed (``stale_kv_versions`` is 4), a prompt scoring after it does not; the
+    counters are the HF engine's (prefill and reused prompt tokens)."""
+    if kind != "vllm":
+        pytest.skip("the HF engine's prefix cache is checked in the test before")
+    block = client.engine._llm.vllm_config.cache_config.block_size
+    prompt = [20 + i % 200 for i in range(2 * block + 5)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    version = client.version // 5 * 5 + 5  # a new span of five versions: nothing cached in it
+    _run(client.update_weights(version, InMemoryWeights(policy_state)))
+    before = client.engine.stats()
+    _run(client.generate(prompt, params))
+    first = client.engine.stats()
+    assert first["prefill_tokens"] - before["prefill_tokens"] == len(prompt)
+    _run(client.update_weights(version + 1, InMemoryWeights(policy_state)))
+    _run(client.generate(prompt + [7], params))
+    second = client.engine.stats()
+    assert second["prefix_reused_tokens"] - first["prefix_reused_tokens"] == 2 * block
+    _run(client.prompt_logprobs(prompt + [7]))
+    third = client.engine.stats()
+    assert third["prefix_reused_tokens"] == second["prefix_reused_tokens"]
+    assert third["prefill_tokens"] - second["prefill_tokens"] == len(prompt) + 1
+
+
 def test_prompt_logprobs_are_served_while_a_batch_decodes(client, kind) -> None:
     """A scorer is not held up by a running batch: the HF engine scores between decoding
     steps, so the answer comes back while a long generation is still running."""

@@ -13,8 +13,10 @@ token ids and reads back sampled ids, their log-probs and the weights version of
 - **In-flight updates.** ``weight_update: in_flight`` pauses with ``mode="keep"`` (requests
   stay scheduled, their KV kept), loads, resumes: a request in flight continues on the new
   weights. ``between_batches`` pauses with ``mode="wait"``: requests in flight finish first
-  on the old weights, new ones wait. Prefix-cache blocks are salted with the weights version,
-  so a new request never reuses KV that older weights computed.
+  on the old weights, new ones wait. Prefix-cache blocks are salted with the weights version
+  (``_salt``): a prompt log-prob request never reuses KV that older weights computed, and a
+  generation only KV at most ``stale_kv_versions`` old (its salt names a span of that many
+  versions plus one).
 - **Weights** reach vLLM's own worker processes through ``collective_rpc`` into
   ``vllm_worker.TurnRLWorkerExtension``: a safetensors path the worker reads, or buckets it
   receives from the learner's broadcast. A state dict (object store, in memory) is written to
@@ -101,7 +103,8 @@ class VLLMEngine(Engine):
         self._user_paused = False
         self._open: set[str] = set()
         self._stats = {"tokens": 0.0, "requests": 0.0, "aborted": 0.0, "weight_loads": 0.0,
-                       "weight_changes_mid_request": 0.0, "load_s": 0.0}
+                       "weight_changes_mid_request": 0.0, "load_s": 0.0, "prefill_tokens": 0.0,
+                       "prefix_reused_tokens": 0.0}
         self._scratch = tempfile.TemporaryDirectory(prefix="turnrl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -197,7 +200,7 @@ class VLLMEngine(Engine):
                     caller: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
         """On the engine loop: run one vLLM request and hand its chunks to the caller's loop."""
         put = lambda item: caller.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
-        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": f"v{self._version}"}
+        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": self._salt(exact=False)}
         done = 0
         try:
             async for out in self._llm.generate(prompt, self._sampling(params), request_id=rid):
@@ -210,6 +213,7 @@ class VLLMEngine(Engine):
                 done += len(ids)
                 self._stats["tokens"] += len(ids)
                 if reason is not None:
+                    self._count_prefill(len(prompt_ids), out.num_cached_tokens)
                     self._stats["aborted"] += reason == "abort"
                     last = _label_at(self._version_starts(rid, o.weight_versions), max(done - 1, 0))
                     put(Chunk(rid, [], [], last, reason))
@@ -241,6 +245,19 @@ class VLLMEngine(Engine):
         state = self._llm.output_processor.request_states.get(rid)
         return getattr(state, "weight_version_starts", None) or [(str(self._version), 0)]
 
+    def _count_prefill(self, prompt_len: int, cached: int | None) -> None:
+        """A finished request's prompt tokens: taken from the prefix cache or computed (the same
+        counters as the HF engine's)."""
+        self._stats["prefix_reused_tokens"] += cached or 0
+        self._stats["prefill_tokens"] += prompt_len - (cached or 0)
+
+    def _salt(self, exact: bool) -> str:
+        """The prefix-cache salt of a request now: blocks hit only under an equal salt. Exact:
+        this version's own. Else the span of ``stale_kv_versions + 1`` versions this one is
+        in, so a hit is at most that many versions old (the same as exact when it is 0)."""
+        span = self.cfg.stale_kv_versions + 1
+        return f"v{self._version}" if exact or span == 1 else f"g{self._version // span}"
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> Completion:
         rid = request_id or new_request_id()
@@ -271,11 +288,12 @@ class VLLMEngine(Engine):
         params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
                            output_kind=RequestOutputKind.FINAL_ONLY)
         version, rid = self._version, new_request_id()
-        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": f"v{version}"}
+        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": self._salt(exact=True)}
         out = None
         async for out in self._llm.generate(prompt, params, request_id=rid):
             pass
         assert out is not None and out.prompt_logprobs is not None
+        self._count_prefill(len(prompt_ids), out.num_cached_tokens)
         lps = [entry[t].logprob for t, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
         return _label_at(self._version_starts(rid, out.outputs[0].weight_versions), 0) if out.outputs else version, lps
 
