@@ -30,8 +30,10 @@ _DECODER = json.JSONDecoder()
 def partial_suffix_at(text: str, start: int, tag: str) -> int:
     """``partial_suffix(text[start:], tag)`` without copying the text: the length of the
     longest proper prefix of ``tag`` that ends ``text`` within ``text[start:]``."""
-    return next((n for n in range(min(len(tag) - 1, len(text) - start), 0, -1)
-                 if text.endswith(tag[:n])), 0)
+    most = min(len(tag) - 1, len(text) - start)
+    if most <= 0 or tag[0] not in text[len(text) - most:]:
+        return 0  # the common case, decided on a few characters
+    return next((n for n in range(most, 0, -1) if text.endswith(tag[:n])), 0)
 
 
 def first_non_space(text: str, pos: int, end: int) -> int:
