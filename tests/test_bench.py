@@ -47,7 +47,8 @@ def _splits_build(cfg) -> None:
                                             ("kv_cache", "speed-up"),
                                             ("group_prefill", "grouped / distinct"),
                                             ("learner", "ratio learner/plain"),
-                                            ("sft", "shared prefix + cuts")])
+                                            ("sft", "shared prefix + cuts"),
+                                            ("stream_parse", "incremental / re-scan time (worst format)")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
