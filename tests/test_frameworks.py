@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from rollout.trajectory import Trajectory
-from tests.framework_fixtures import ANSWER, CALL_FINAL, CALL_SEARCH, MODEL, NAMES, RESULT, SMOL_SYSTEM, TOKEN, \
-    ServedRun, build_agent_policy, question
+from tests.framework_fixtures import ANSWER, CALL_FINAL, CALL_SEARCH, MODEL, NAMES, RESULT, SEARCH, SMOL_SYSTEM, \
+    TOKEN, ServedRun, build_agent_policy, question
 
 pytestmark = pytest.mark.slow
 SEARCH_DOC = """Search the documents.
@@ -185,14 +185,13 @@ def test_smolagents_tool_calling_agent_ends_with_final_answer(run) -> None:
         agent.prompt_templates["system_prompt"] = SMOL_SYSTEM  # its own is 1,500 tokens of examples
         return agent
 
-    # its defaults: tool_choice "required" and multi-token stop strings, both refused on the HF
-    # engine; smolagents surfaces the 400 naming the parameter
+    # its default tool_choice "required" needs constrained decoding, which the HF engine does
+    # not do: smolagents surfaces the 400 naming the parameter
     with pytest.raises(Exception, match="tool_choice"):
         agent("smol-default").run(question(NAMES[0]))
-    with pytest.raises(Exception, match="stop.0"):
-        agent("smol-stop", tool_choice="auto").run(question(NAMES[0]))
 
-    result = agent("smol-1", tool_choice="auto", stop=smolagents.models.REMOVE_PARAMETER).run(question(NAMES[0]))
+    # its default stop strings ("Observation:", "Calling tools:", several tokens each) are taken
+    result = agent("smol-1", tool_choice="auto").run(question(NAMES[0]))
     # smolagents sends its calls back as text and the results as user messages: the history is
     # not what was served, so each request is a segment of its own, each token-exact
     first, second = _close(run, "smol-1")
@@ -239,8 +238,6 @@ def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
     litellm = _needs("litellm")
     import json
 
-    from tests.framework_fixtures import SEARCH
-
     kw = dict(model=f"openai/{MODEL}", api_base=run.url, api_key=TOKEN, tools=[SEARCH], temperature=0,
               extra_headers={"X-Session-Id": "litellm-1"})
     messages = [{"role": "user", "content": question(NAMES[5])}]
@@ -255,13 +252,7 @@ def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
     _trained(run, [_stitched(run, "litellm-1", [CALL_SEARCH, ANSWER])])
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"store": True}, "store"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}}, "response_format"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tool_choice": "required"}, "tool_choice"),
-])
-def test_what_frameworks_send_is_taken_only_where_it_changes_nothing(extra, param) -> None:
+def test_what_frameworks_send_is_taken_only_where_it_changes_nothing() -> None:
     from gateway.errors import InvalidRequest
     from gateway.openai_types import parse_chat_request
 
@@ -271,5 +262,21 @@ def test_what_frameworks_send_is_taken_only_where_it_changes_nothing(extra, para
     echoed = {"role": "assistant", "content": None, "provider_specific_fields": {"refusal": None}}
     assert parse_chat_request({"messages": [*user, echoed, *user], **harmless}).metadata == {"run": "x"}
     with pytest.raises(InvalidRequest) as err:
-        parse_chat_request({"messages": user, **extra})
-    assert err.value.param == param and err.value.status == 400
+        parse_chat_request({"messages": user, "store": True})
+    assert err.value.param == "store" and err.value.status == 400
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [SEARCH], "tool_choice": "required"}, "tool_choice"),
+    ({"tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "search"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {**SEARCH["function"], "strict": True}}]}, "tools.0.function.strict"),
+])
+def test_the_hf_engine_refuses_what_needs_constrained_decoding_naming_it(run, extra, param) -> None:
+    # over HTTP, through the served HF engine: a 400 naming the parameter and the engine that does it
+    body = {"model": MODEL, "messages": [{"role": "user", "content": question(NAMES[0])}], **extra}
+    reply = httpx.post(f"{run.url}/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    error = reply.json()["error"]
+    assert (reply.status_code, error["param"]) == (400, param)
+    assert "constrained decoding" in error["message"] and "rollout.engine.type: vllm" in error["message"]
