@@ -116,13 +116,18 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
 
 def _cached(final: Path, build) -> Path:
     """``final`` once ``build(tmp)`` has filled a temporary folder renamed into its place;
-    at once if a complete one (with its ``turnrl_bootstrap.json``) is there."""
-    if (final / "turnrl_bootstrap.json").exists():
+    at once if a complete one (with its ``turnrl_bootstrap.json``) is there. A complete one
+    another process finished meanwhile (two test workers sharing a cache) is kept: replacing
+    it would pull the folder from under the runs already reading it."""
+    marker = final / "turnrl_bootstrap.json"
+    if marker.exists():
         return final
     tmp = final.with_name(final.name + f".tmp{time.time_ns()}")
     tmp.mkdir(parents=True)
     try:
         build(tmp)
+        if marker.exists():
+            return final
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

@@ -113,3 +113,21 @@ def test_warm_start_probe_reports_success_and_imitation_by_turn(tiny_run_config,
     for t, frac in by_turn.items():
         hit, tried = map(int, frac.split("/"))
         assert tried == sum(n > int(t) for n in turns) and 0 <= hit <= tried
+
+
+def test_a_policy_another_process_finished_meanwhile_is_kept(tmp_path) -> None:
+    """Two processes sharing a policy cache (the suite's two workers): the one finishing second
+    keeps the first's folder, which runs may be reading, and drops its own."""
+    from learner.bootstrap import _cached
+
+    final = tmp_path / "policy"
+
+    def build_racing(tmp: Path) -> None:  # the other process completes ``final`` during this build
+        final.mkdir()
+        (final / "turnrl_bootstrap.json").write_text('{"by": "first"}')
+        (tmp / "turnrl_bootstrap.json").write_text('{"by": "second"}')
+
+    assert _cached(final, build_racing) == final
+    assert json.loads((final / "turnrl_bootstrap.json").read_text()) == {"by": "first"}
+    assert [p.name for p in tmp_path.iterdir()] == ["policy"]  # the second build's folder is gone
+    assert _cached(final, lambda tmp: pytest.fail("a complete policy is built again")) == final
