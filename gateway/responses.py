@@ -11,6 +11,10 @@ delta carrying its index, id and name once the name is written, then its ``argum
 fragments as the model writes them, as OpenAI streams calls. Text that could still turn out to
 be a call tag is held back, so calls never leak into the content, and the deltas of a choice
 add up to exactly the non-streamed message (same content, reasoning, ids, names, arguments).
+
+``stop`` strings: a reply ends before the first one written (``cut_at_stop``, the one place
+that rule lives); ``StopWatch`` finds the token that completes it while the engine samples, and
+a stream holds back text that could still become one.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
 """The live service: OpenAI requests in, engine calls, recorded sessions out to replay.
 
 ``LiveService`` is the gateway minus HTTP (``gateway.app`` adds the routes). Per chat request:
-parse and validate (400 naming the parameter), check replay's room for live groups (only with
-``when_full: reject``: 429), build the prompt in token space through the session recorder,
-sample through the engine client (the same engine group the rollout workers use), answer,
-record. A session closes, counted by cause (``CLOSE_CAUSES``), on ``end`` plus feedback
-(``ended``), ``close_after_feedback_s`` after its feedback when no request follows
-(``feedback_idle``), after ``feedback_timeout_s`` idle (``timed_out``), when ``max_sessions``
-needs its room (``evicted``), or when the run stops (``run_ended``). It leaves the session table
-at once; its segments then go to the reward service as groups of one, which scores them with
-the sources that apply and puts them into replay unscheduled (they never take a rollout
-producer's reservation), or are dropped; every segment is counted by what became of it
-(``EPISODE_RESULTS``). A refused put sheds the recording, counted; serving never waits on it.
-With ``record_path`` every closed segment is also appended there as JSONL (``{"replay": put
-status or why it was dropped, "trajectory": ...}``), the run's record of what it served.
+parse and validate (400 naming the parameter; also when it needs constrained decoding,
+``gateway.constraints``, and the engines lack the ``guided`` feature), check replay's room for
+live groups (only with ``when_full: reject``: 429), build the prompt in token space through the
+session recorder, sample through the engine client (the same engine group the rollout workers
+use; with ``stop`` strings, streamed and cut where one is written), answer, record. A session
+closes, counted by cause (``CLOSE_CAUSES``), on ``end`` plus feedback (``ended``),
+``close_after_feedback_s`` after its feedback when no request follows (``feedback_idle``), after
+``feedback_timeout_s`` idle (``timed_out``), when ``max_sessions`` needs its room (``evicted``),
+or when the run stops (``run_ended``). It leaves the session table at once; its segments then go
+to the reward service as groups of one, which scores them with the sources that apply and puts
+them into replay unscheduled (they never take a rollout producer's reservation), or are dropped;
+every segment is counted by what became of it (``EPISODE_RESULTS``). A refused put sheds the
+recording, counted; serving never waits on it. With ``record_path`` every closed segment is also
+appended there as JSONL (``{"replay": put status or why it was dropped, "trajectory": ...}``),
+the run's record of what it served.
 """
 
 from __future__ import annotations
