@@ -78,3 +78,19 @@ def test_demonstrations_become_the_format(name: str) -> None:
     gold = [text, "<answer>Vedor</answer>"]
     out = perturbed_actions(gold, [], 3, 1.0, random.Random(1), name)
     assert out[1:] == gold and parse_action(out[0], name).calls != [SEARCH]
+
+
+def test_judge_decodes_a_turn_keeping_the_formats_markers() -> None:
+    """A turn recorded without its text is decoded for the judge with ``[TOOL_CALLS]`` kept
+    (a special token: a plain decode drops it, and the call with it)."""
+    from chat_format_fixtures import family_tokenizer
+    from rewards.judge import episode_prompts
+    from rollout.trajectory import Trajectory, Turn
+
+    tok = family_tokenizer("mistral")
+    ids = tok(format_call(SEARCH, "mistral"), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    traj = Trajectory(trajectory_id="t", task_id="t", group_id="g", prompt_ids=tok("Where?")["input_ids"],
+                      turns=[Turn(action_ids=ids, action_logprobs=[0.0] * len(ids), policy_version=0)])
+    [prompt] = episode_prompts(traj, tok, CFG, chat_format="mistral")
+    assert format_call(SEARCH, "mistral") in prompt
+    assert format_judge(prompt, "mistral").endswith("Score: 10")
