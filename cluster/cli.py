@@ -54,7 +54,7 @@ DELEGATED = {
     "prm": ("cluster.rewards_cli", "process reward models: prm train CONFIG"),
     "serve": ("services.cli", "start the REST API and dashboard"),
     "runs": ("services.cli", "talk to a running service: runs submit|list|status|logs|stop"),
-    "models": ("cluster.models_cli", "packaged pretrained models: models list|convert NAME|path NAME"),
+    "models": ("cluster.models_cli", "packaged pretrained models, LoRA merges: models list|convert NAME|path NAME|merge CKPT OUT"),
 }
 
 
