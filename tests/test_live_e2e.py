@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from tests import constrained_checks
+
 pytestmark = pytest.mark.slow
 
 TOKEN = "live-e2e-token"
@@ -178,6 +180,9 @@ def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_conf
                            "eval.num_tasks=0", "rollout.group_size=2", "progress=none"])
     runner, outcome, run_dir, base, deadline = _start_run(train, cfg)
     task = agent_policy[1].tasks("train")[0]
+    # constrained decoding (vLLM) or its refusal (HF), and stop strings, on this run's endpoint;
+    # sessions without feedback: recorded at the run's end, never trained
+    served = constrained_checks.served_checks(base, engine, task.messages)
     with httpx.Client(timeout=60) as http:
         for sid in ("m-0", "m-1"):
             reply = http.post(f"{base}/chat/completions", headers={"X-Session-Id": sid},
@@ -193,6 +198,10 @@ def test_mixed_batches_hold_one_live_session_and_one_rollout_group(tiny_run_conf
     # one published version per step
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2]
+    from transformers import AutoTokenizer
+
+    records = [json.loads(line) for line in (run_dir / "live_sessions.jsonl").read_text().splitlines()]
+    constrained_checks.recorded_checks(records, served, AutoTokenizer.from_pretrained(agent_policy[0]), engine)
 
 
 def test_mixed_training_goes_on_with_rollout_groups_while_no_traffic_comes(tiny_run_config, agent_policy,
