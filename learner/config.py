@@ -93,6 +93,47 @@ class PolicyConfig(BaseModel):
     folders, once (``turnrl models convert NAME --dir`` writes the same place)."""
 
 
+LLAMA_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a Llama- or Qwen2-style decoder block (attention and MLP)."""
+
+
+class LoRAConfig(BaseModel):
+    """Low-rank adapters: the learner trains only these, the base weights stay frozen
+    (``learner/lora.py``; ``docs/lora.md``)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    rank: int = Field(16, ge=1, le=1024)
+    """r: the adapters' inner dimension (trainable parameters grow linearly with it: an adapted
+    layer of in x out weights gets ``rank * (in + out)``)."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: the adapter's update ``B @ A`` is multiplied by ``alpha / rank``."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on each adapter's input while training (0: none; never applied to the
+    published, merged weights nor to old or reference log-probs, computed in eval mode)."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LLAMA_LINEAR_MODULES), min_length=1)
+    """Linear modules that get an adapter, by name or dotted suffix (``q_proj``,
+    ``self_attn.o_proj``); each must match a linear module of the policy (checked when the
+    learner builds it, listing the model's linear module names). Default: every attention and
+    MLP projection of a Llama- or Qwen2-style block."""
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> "LoRAConfig":
+        dupes = sorted({t for t in self.target_modules if self.target_modules.count(t) > 1})
+        if dupes or any(not t.strip() for t in self.target_modules):
+            raise ValueError(f"learner.lora.target_modules: names must be non-empty and distinct (repeated: "
+                             f"{dupes}); list each module once")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_under_zero_0_to_2(self) -> "LearnerConfig":
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError("learner.lora with learner.zero_stage=3: LoRA runs are supported (and tested) "
+                             "under ZeRO 0-2; set learner.zero_stage to 0, 1 or 2 (the frozen base is not "
+                             "optimizer state, so ZeRO 2 already shards all there is)")
+        return self
+
+
 class LearnerConfig(BaseModel):
     """The DeepSpeed learner."""
 
@@ -168,6 +209,10 @@ class LearnerConfig(BaseModel):
     NCCL on ``cuda`` and gloo on ``cpu``."""
     torch_threads: int = Field(2, ge=1)
     """Intra-op threads of each learner rank."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters on the frozen policy instead of every weight (None: full
+    fine-tuning). The weight sync still publishes whole (merged) weights; checkpoints hold the
+    adapter and name the base (``docs/lora.md``)."""
 
     @model_validator(mode="after")
     def _device_matches_gpus(self) -> "LearnerConfig":
@@ -180,4 +225,12 @@ class LearnerConfig(BaseModel):
         if self.world_size > 1 and 0 < self.num_gpus < 1:
             raise ValueError(f"learner.world_size={self.world_size} with learner.num_gpus={self.num_gpus:g}: "
                              "NCCL ranks cannot share a GPU; give each rank a whole one (num_gpus=1)")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_under_zero_0_to_2(self) -> "LearnerConfig":
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError("learner.lora with learner.zero_stage=3: LoRA runs are supported (and tested) "
+                             "under ZeRO 0-2; set learner.zero_stage to 0, 1 or 2 (the frozen base is not "
+                             "optimizer state, so ZeRO 2 already shards all there is)")
         return self

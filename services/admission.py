@@ -83,6 +83,8 @@ RULES: dict[str, Rule] = {
     "EnvActorsConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "LearnerConfig.resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
     "ClusterConfig.service_resources": Rule("inert", "custom Ray resource names -> amounts (see RolloutConfig)"),
+    "LoRAConfig.target_modules": Rule("inert", "module names matched against the policy's linear layers "
+                                               "(a list: peft compares names, never compiles a pattern)"),
     "PolicyConfig.path": Rule("model", also=("builtin:tiny", "builtin:smollm2"), urls=True),
     "PolicyConfig.cache_dir": Rule("write", cache="policies"),
     "PolicyConfig.models_dir": Rule("write", cache="models"),

@@ -95,14 +95,15 @@ FREE: dict[str, str] = {
         "HFEngineConfig.stale_kv_versions", "VLLMEngineConfig.stale_kv_versions",
         "SearchQAConfig.hop_weights", "JudgeConfig.clip_bound", "JudgeConfig.clip_shift", "JudgeConfig.score_max",
         "JudgeConfig.score_min", "JudgeConfig.weight", "PRMConfig.clip_bound", "PRMConfig.clip_shift",
-        "PRMConfig.weight", "PRMTrainConfig.bad_step_rate", "PRMTrainConfig.lr", "BfclConfig.heldout_fraction")},
+        "PRMConfig.weight", "PRMTrainConfig.bad_step_rate", "PRMTrainConfig.lr", "BfclConfig.heldout_fraction",
+        "LoRAConfig.alpha", "LoRAConfig.dropout")},
     **{f: _BOUNDED for f in (
         "SearchQAConfig.num_entities", "SearchQAConfig.hops", "SearchQAConfig.top_k", "SearchQAConfig.max_turns",
         "SearchQAConfig.train_worlds", "ToolUseConfig.min_calls", "ToolUseConfig.max_calls",
         "ToolUseConfig.max_turns", "ToolUseConfig.tool_timeout_s", "ToolUseConfig.tool_memory_mb",
         "HouseholdConfig.max_turns", "HouseholdConfig.other_rooms", "LiveConfig.port", "JudgeConfig.retries",
         "BfclConfig.max_turns", "BfclConfig.max_steps_per_turn", "BfclConfig.tool_timeout_s",
-        "BfclConfig.check_timeout_s", "BfclConfig.tool_memory_mb")},
+        "BfclConfig.check_timeout_s", "BfclConfig.tool_memory_mb", "LoRAConfig.rank")},
     **{f: _COUNTED for f in (
         "RolloutConfig.num_workers", "RolloutConfig.num_cpus", "HFEngineConfig.count", "HFEngineConfig.num_cpus",
         "HFEngineConfig.num_gpus", "VLLMEngineConfig.count", "VLLMEngineConfig.num_cpus", "VLLMEngineConfig.num_gpus",
