@@ -125,14 +125,6 @@ class LoRAConfig(BaseModel):
                              f"{dupes}); list each module once")
         return self
 
-    @model_validator(mode="after")
-    def _lora_under_zero_0_to_2(self) -> "LearnerConfig":
-        if self.lora is not None and self.zero_stage == 3:
-            raise ValueError("learner.lora with learner.zero_stage=3: LoRA runs are supported (and tested) "
-                             "under ZeRO 0-2; set learner.zero_stage to 0, 1 or 2 (the frozen base is not "
-                             "optimizer state, so ZeRO 2 already shards all there is)")
-        return self
-
 
 class LearnerConfig(BaseModel):
     """The DeepSpeed learner."""
