@@ -73,12 +73,13 @@ test: export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 test: export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 # Two pytest workers (pytest-xdist), each with its own Ray: the suite mostly waits on actors
 # starting and runs polling (a serial run used ~0.6 of 2 cores), so two at once halve its wall
-# time. A file's tests stay on one worker (its module fixtures are built once). TEST_WORKERS=0
-# runs it serially.
+# time. A file's tests stay on one worker (its module fixtures are built once). The files go
+# longest first (tests/file_order.py), so the short ones fill in at the end; xdist's own order
+# (most tests first) must not undo that. TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
 test: test-venv vllm dense test-deps
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
 
 test-fast: test-venv
 	$(PY) -m pytest -q -m "not slow" $(ARGS)

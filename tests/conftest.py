@@ -3,10 +3,12 @@ and one local Ray cluster shared by the slow tests."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
 import pytest
+from file_order import longest_first
 
 from rollout.cores import apply_thread_policy
 
@@ -35,9 +37,34 @@ TINY_OVERRIDES = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    longest_first(items)  # tests/file_order.py says why
+
+
 @pytest.fixture(scope="session")
 def policy_cache(tmp_path_factory) -> str:
+    """The policies this session builds. Under pytest-xdist the workers share one folder (the
+    parent of their own temporary folders): a policy is built once, not once per worker (the
+    agent policy's 300 SFT steps took ~40 s of a loaded run each time)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "policies"
+        shared.mkdir(exist_ok=True)
+        return str(shared)
     return str(tmp_path_factory.mktemp("policies"))
+
+
+def _built_once(cfg, source) -> str:
+    """``ensure_policy`` under a lock in its cache: a second worker asking for the same policy
+    waits for the first to finish it and then finds it there, instead of building its own and
+    renaming it over a folder the first worker's runs are reading."""
+    from learner.bootstrap import ensure_policy
+
+    with open(Path(cfg.policy.cache_dir) / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return str(ensure_policy(cfg.policy, cfg.env, source, show_progress=False))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -55,12 +82,10 @@ def tiny_run_config(policy_cache):
 def tiny_policy(tiny_run_config):
     """(policy folder, task source) of the tiny bootstrapped policy."""
     from envs.registry import make_task_source
-    from learner.bootstrap import ensure_policy
 
     cfg = tiny_run_config()
     source = make_task_source(cfg.env)
-    path = ensure_policy(cfg.policy, cfg.env, source, show_progress=False)
-    return str(path), source
+    return _built_once(cfg, source), source
 
 
 @pytest.fixture(scope="session")
@@ -68,11 +93,10 @@ def agent_policy(tiny_run_config):
     """(policy folder, task source) of a tiny policy warm-started long enough (300 SFT steps,
     ~1 min) to call the search tool and answer: the agent the live-traffic tests talk to."""
     from envs.registry import make_task_source
-    from learner.bootstrap import ensure_policy
 
     cfg = tiny_run_config(["policy.sft.steps=300"])
     source = make_task_source(cfg.env)
-    return str(ensure_policy(cfg.policy, cfg.env, source, show_progress=False)), source
+    return _built_once(cfg, source), source
 
 
 @pytest.fixture(scope="session")

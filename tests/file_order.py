@@ -1,0 +1,60 @@
+"""The order the test files run in: the longest first (conftest.py applies it to every run).
+
+``make test`` runs two pytest-xdist workers with ``--dist loadfile``: a worker takes a whole
+file, and the next one when it has two tests of its own left. The last files taken decide how
+long the other worker idles at the end: in xdist's own order (the files with the most tests
+first) the last ones were the one-test end-to-end runs, the resume test (75-110 s) among them.
+Taking the files longest first (LPT scheduling) leaves the short unit-test files for the end,
+where they fill in whichever worker frees first. ``--no-loadscope-reorder`` (Makefile) keeps
+xdist from sorting the files again by their number of tests.
+
+``SECONDS`` holds each slow file's seconds in the cold clean-clone runs of
+docs/results/test_suite.md (``--durations`` summed per file, rounded). Only the order matters,
+so rough numbers do; a file not listed counts as short and keeps its collection place among
+the other short ones. A file's own tests keep their order (its module fixtures are built once).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SECONDS = {
+    "test_bench.py": 250,
+    "test_train_loop.py": 180,
+    "test_live_e2e.py": 170,
+    "test_survival.py": 160,
+    "test_learner_ranks.py": 110,
+    "test_storage.py": 105,
+    "test_resume.py": 100,
+    "test_services_e2e.py": 95,
+    "test_ig_engine.py": 95,
+    "test_weight_transport.py": 80,
+    "test_smollm2.py": 75,
+    "test_multinode.py": 65,
+    "test_core_split.py": 60,
+    "test_engine_service.py": 60,
+    "test_gateway_http.py": 40,
+    "test_services_fuzz.py": 30,
+    "test_install_tool.py": 20,
+    "test_eval_cli.py": 20,
+}
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Sort ``items`` in place: whole files by ``SECONDS``, longest first; ties (the short
+    files) in collection order; each file's tests in their own order."""
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(_file(item), i)
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        return -SECONDS.get(Path(_file(item)).name, 0), first[_file(item)]
+
+    items.sort(key=key)  # stable: a file's tests stay in their order
+
+
+def _file(item: pytest.Item) -> str:
+    """The file part of the item's node id: what ``--dist loadfile`` hands out whole."""
+    return item.nodeid.split("::", 1)[0]
