@@ -9,6 +9,11 @@ two is checked equal. Prints the parsers' cost per token at each length, side by
 re-scan's grows with the text, the incremental one's does not. The times include slicing each
 prefix off the text (what the gateway's decode hands the parser), which both pay.
 
+Then the decoding in front of the parser, per token of the same hermes completion tokenized by
+a byte-level BPE tokenizer trained here: a full decode of the completion so far (the gateway
+before) against ``rollout.chat.StreamDecoder`` (tokenizers' ``DecodeStream``), texts checked
+equal after every token.
+
     .venv/bin/python bench/stream_parse.py --quick
     .venv/bin/python bench/stream_parse.py --tokens 1000 4000 16000
 """
@@ -54,6 +59,37 @@ def run(parser_cls: type, name: str, text: str) -> tuple[float, list]:
     return time.perf_counter() - t0, deltas
 
 
+def tokenizer():
+    """A byte-level BPE tokenizer (512 tokens) trained on the bench's own text, as transformers'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|im_end|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([completion("hermes", 500)] * 5, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+
+
+def decode_times(tok, n: int) -> tuple[int, float, float]:
+    """Tokens, then seconds a token to decode an ``n``-token completion token by token, in full
+    each time and with ``StreamDecoder``."""
+    from rollout.chat import StreamDecoder, decode_action
+
+    ids = tok(completion("hermes", n), add_special_tokens=False)["input_ids"]
+    t0 = time.perf_counter()
+    full = [decode_action(tok, ids[:i + 1]).rstrip("\ufffd") for i in range(len(ids))]
+    t1 = time.perf_counter()
+    decoder = StreamDecoder(tok)
+    stepped = [decoder.push([t]) for t in ids]
+    t2 = time.perf_counter()
+    if stepped != full:
+        raise SystemExit(f"{n} tokens: StreamDecoder's text differs from a full decode's")
+    return len(ids), (t1 - t0) / len(ids), (t2 - t1) / len(ids)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1000, 4000, 16000],
@@ -80,6 +116,11 @@ def main() -> None:
                 worst = max(worst, after / before)
     print(f"longest completions, incremental / re-scan time (worst format): {worst:.3f} "
           "(every delta equal to the re-scan's)")
+    tok = tokenizer()
+    print(f"\n{'decoding':<12} {'tokens':>7} {'full ms/token':>17} {'stepped ms/token':>21} {'speed-up':>9}")
+    for n in lengths:
+        tokens, full, stepped = decode_times(tok, n)
+        print(f"{'hermes':<12} {tokens:>7} {full * 1e3:>17.4f} {stepped * 1e3:>21.4f} {full / stepped:>8.1f}x")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from gateway.openai_types import (
     OpenAIFinish, TokenLogprob, Usage,
 )
 from gateway.toolcalls import AssistantReply, split_action, tool_call_id
-from rollout.chat import decode_action
+from rollout.chat import StreamDecoder, decode_action
 
 
 def openai_finish(engine_reason: str, reply: AssistantReply) -> OpenAIFinish:
@@ -134,14 +134,15 @@ class ChoiceStream:
         self.parser = StreamParser(self.format, tools_enabled)
         self.token_ids: list[int] = []
         self.token_logprobs: list[float] = []
+        self.decoder = StreamDecoder(tokenizer, self.format)
+        """The text so far, a token's worth of decoding a token."""
         self._started = False
 
     def push(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[ChunkChoice]:
         """New tokens -> zero or one chunk choice (the first carries ``role``)."""
         self.token_ids += token_ids
         self.token_logprobs += logprobs
-        # A token holding part of a character decodes to U+FFFD until the rest arrives.
-        text, stopped = cut_at_stop(decode(self.tokenizer, self.token_ids, self.format).rstrip("\ufffd"), self.stops)
+        text, stopped = cut_at_stop(self.decoder.push(list(token_ids)), self.stops)
         if not stopped and self.stops:
             text = text[:len(text) - max(partial_suffix(text, s) for s in self.stops)]
         delta = self._delta(self.parser.feed(text))

@@ -148,12 +148,56 @@ def observation_ids(tokenizer: Any, messages: list[dict[str, Any]], action_ended
 def decode_action(tokenizer: Any, token_ids: list[int], chat_format: str | ChatFormat = DEFAULT_FORMAT) -> str:
     """Text of generated ids: special tokens (end-of-turn) dropped, except the ones the chat
     format's syntax uses (``[TOOL_CALLS]``, ``<|python_tag|>``)."""
-    fmt = get_format(chat_format)
-    if not fmt.markers:
+    drop = _dropped(tokenizer, get_format(chat_format))
+    if drop is None:
         return tokenizer.decode(list(token_ids), skip_special_tokens=True)
-    keep = {tokenizer.convert_tokens_to_ids(m) for m in fmt.markers}
-    drop = set(tokenizer.all_special_ids) - keep
     return tokenizer.decode([t for t in token_ids if t not in drop], skip_special_tokens=False)
+
+
+def _dropped(tokenizer: Any, fmt: ChatFormat) -> set[int] | None:
+    """The special ids an action's text leaves out; None: all of them (the format keeps none)."""
+    if not fmt.markers:
+        return None
+    return set(tokenizer.all_special_ids) - {tokenizer.convert_tokens_to_ids(m) for m in fmt.markers}
+
+
+class StreamDecoder:
+    """``decode_action``'s text of a growing completion, its newest tokens decoded alone.
+
+    Decoding the whole completion at every token costs O(n) a token: 0.8 ms a token at 3.3k
+    tokens and 2.9 ms at 13k (the gateway's streams, measured by the chat-format work). This
+    steps tokenizers' own ``DecodeStream`` (which holds a split multi-byte character back until
+    its last byte). Its text is checked against a full decode whenever the token count doubles
+    (linear in all); from the first disagreement, or for a tokenizer without a Rust backend,
+    every call decodes in full. A character still incomplete is left out, as it is of
+    ``text`` until the rest arrives."""
+
+    def __init__(self, tokenizer: Any, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self.tokenizer, self.format = tokenizer, get_format(chat_format)
+        self.ids: list[int] = []
+        self.text = ""
+        self._drop = _dropped(tokenizer, self.format)
+        self._backend = getattr(tokenizer, "_tokenizer", None)
+        self._stream = DecodeStream(skip_special_tokens=self._drop is None) if self._backend is not None else None
+        self._check_at = 1
+
+    def push(self, token_ids: list[int]) -> str:
+        """Add tokens; the text so far (complete characters only)."""
+        self.ids += token_ids
+        if self._stream is None:
+            self.text = decode_action(self.tokenizer, self.ids, self.format).rstrip("\ufffd")
+            return self.text
+        for t in token_ids:
+            if self._drop is None or t not in self._drop:
+                self.text += self._stream.step(self._backend, t) or ""
+        if len(self.ids) >= self._check_at:
+            self._check_at = 2 * len(self.ids)
+            full = decode_action(self.tokenizer, self.ids, self.format).rstrip("\ufffd")
+            if full != self.text:
+                self._stream, self.text = None, full
+        return self.text
 
 
 def action_ids(tokenizer: Any, content: str, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> list[int]:

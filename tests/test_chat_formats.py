@@ -272,3 +272,22 @@ def test_an_environment_host_parses_actions_in_the_format_the_rollout_names() ->
 
     assert '{"name": "act", "parameters": {"command": "..."}}' in asyncio.run(hint("llama3_json"))
     assert '<tool_call>{"name": "act", "arguments": {"command": "..."}}</tool_call>' in asyncio.run(hint("hermes"))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_stream_decoder_gives_a_full_decode_s_text_token_by_token(family, toks) -> None:
+    """``rollout.chat.StreamDecoder`` (the gateway's streams) steps tokenizers' DecodeStream, yet
+    after every token its text is what decoding the whole completion gives, the format's kept
+    markers included and a character split across tokens held back until complete."""
+    import random
+
+    tok, fmt = toks[family], family_format(family)
+    text = 'Paris é 東京 <tool_call>{"name": "search"}</tool_call> [TOOL_CALLS] <|python_tag|> ok'
+    ids = tok(text, add_special_tokens=False)["input_ids"] + tok.all_special_ids
+    rng = random.Random(0)
+    ids += [rng.randrange(len(tok)) for _ in range(200)]
+    decoder = chat.StreamDecoder(tok, fmt)
+    for i in range(len(ids)):
+        got = decoder.push(ids[i:i + 1])
+        assert got == chat.decode_action(tok, ids[:i + 1], fmt).rstrip("\ufffd"), i
+    assert decoder._stream is not None  # never fell back to full decodes
