@@ -28,8 +28,9 @@ services (reward, replay, weight sync: ``cluster.services_cpu_affinity``) with t
 ``--shared-cores`` runs both modes unpinned instead. The "engine s" column is the seconds the
 engines spent decoding per step: near g when generation limits, and higher in async than in
 sync when the glue shares the engine's core (docs/results/pipeline.md); "prefilled" is the prompt tokens
-they computed a step rather than took from a prefix cache (a weight update mid-episode makes an
-episode's cached turns stale).
+they computed a step rather than took from a prefix cache, "stale kv" those taken from KV an
+older weights version computed (``rollout.engine.stale_kv_versions``: an update mid-episode
+leaves the episode's cached turns on the older version's KV, reused up to 4 versions old).
 
 Async runs two batches deep: ``replay.eta=2`` and two batches' groups in flight per rollout
 actor (``rollout.groups_in_flight``, 8 on the demo) unless ``--depth 1`` (the demo's own
@@ -43,7 +44,8 @@ Async starts its groups in waves (``rollout.admission=waves``, ``--admission``):
 actor starts new groups only when all of its last ones have ended, as sync does each step. The
 engines load each new version when the learner's weight sync pushes it, mid-wave included (until
 2026-11-27 they held a wave's version until the next wave started, ``rollout.wave_hold_s``; the
-numbers below with "the hold" are from then; docs/results/weight_sync.md has the runs since).
+numbers below with "the hold" are from then; docs/results/weight_sync.md has the runs since,
+and those since episodes reuse KV across versions).
 Admitted continuously instead (a group starts whenever one ends) the rows of a batch were at
 different turns, padded to the longest (24.6% of the key/value columns a decode step attended to
 were padding, against 4.4% in sync), and a weight update mid-episode made the episode's cached
@@ -149,7 +151,8 @@ def run(cfg_path: str, overrides: list[str], mode: str, steps: int, warmup: int,
            "rows": statistics.mean(r.get("engine/rows_per_decode_step", 0.0) for r in timed),
            # seconds the engines decoded a step: near g when generation is busy, less when starved
            "busy": statistics.mean(r.get("engine/busy_s", 0.0) for r in timed),
-           "prefilled": statistics.mean(r.get("engine/prefill_tokens", 0.0) for r in timed)}
+           "prefilled": statistics.mean(r.get("engine/prefill_tokens", 0.0) for r in timed),
+           "stale": statistics.mean(r.get("engine/stale_kv_tokens", 0.0) for r in timed)}
     out["t"] = statistics.mean(r["time/step_s"] - r["time/wait_s"] for r in timed)
     out["step"] = statistics.mean(r["time/step_s"] for r in timed)
     if mode == "sync":
@@ -243,14 +246,14 @@ def share_of_ideal(sync: dict[str, float], asyn: dict[str, float]) -> tuple[floa
 def print_pairs(pairs: list[dict[str, dict[str, float]]]) -> None:
     """A row per run, each pair's share of the ideal, and their median."""
     print(f"{'pair':<5}{'mode':<7}{'samples/s':>10}{'all steps':>10}{'train s':>9}{'g s':>6}{'t s':>6}"
-          f"{'wait s':>7}{'row width':>10}{'turns':>6}{'decode steps':>13}{'rows each':>10}{'engine s':>9}{'prefilled':>10}")
+          f"{'wait s':>7}{'row width':>10}{'turns':>6}{'decode steps':>13}{'rows each':>10}{'engine s':>9}{'prefilled':>10}{'stale kv':>9}")
     for i, pair in enumerate(pairs):
         for name in ("sync", "async"):
             res = pair[name]
             g = f"{res['g']:.2f}" if "g" in res else "-"
             print(f"{i + 1:<5}{name:<7}{res['samples_per_s']:>10.2f}{res['all_samples_per_s']:>10.2f}"
                   f"{res['train_s']:>9.1f}{g:>6}{res['t']:>6.2f}{res['step'] - res['t']:>7.2f}{res['width']:>10.1f}"
-                  f"{res['turns']:>6.2f}{res['decode_steps']:>13.1f}{res['rows']:>10.1f}{res['busy']:>9.2f}{res['prefilled']:>10.0f}")
+                  f"{res['turns']:>6.2f}{res['decode_steps']:>13.1f}{res['rows']:>10.1f}{res['busy']:>9.2f}{res['prefilled']:>10.0f}{res['stale']:>9.0f}")
     shares = []
     for i, pair in enumerate(pairs):
         ratio, ideal, share = share_of_ideal(pair["sync"], pair["async"])

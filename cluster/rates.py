@@ -74,13 +74,15 @@ def decode_steps(engines: dict[int, dict[str, Any]], last: dict[str, Any]) -> di
     engines spent decoding and the prompt tokens they computed (not reused from a prefix
     cache), summed over engines: fuller steps are cheaper samples; busy time against the
     step's shows whether generation was slow or starved (engines idle while rollouts had
-    nothing to send); prefilled tokens show what weight updates cost the prefix cache."""
+    nothing to send); prefilled tokens show what weight updates cost the prefix cache, and
+    stale-KV tokens the prompt tokens reused from an older version's KV (``stale_kv_versions``)."""
     def growth(key: str) -> float:
         return grown(last, f"engine/{key}", {i: float(s.get(key, 0.0)) for i, s in engines.items()})
 
     steps = growth("forwards")
     return {"engine/decode_steps": steps, "engine/rows_per_decode_step": growth("forward_rows") / max(steps, 1),
-            "engine/busy_s": growth("decode_s"), "engine/prefill_tokens": growth("prefill_tokens")}
+            "engine/busy_s": growth("decode_s"), "engine/prefill_tokens": growth("prefill_tokens"),
+            "engine/stale_kv_tokens": growth("prefix_stale_reused_tokens")}
 
 
 def live_metrics(stats: dict[str, Any], last: dict[str, Any], dt: float) -> dict[str, float]:
