@@ -20,15 +20,26 @@ EPILOG = "Config overrides: --set eval.num_tasks=50 --set eval.temperature=0 (va
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """A Hugging Face folder (``runs/NAME/checkpoints/step_N``), or a run directory, whose
-    ``state.json`` names its last checkpoint."""
+    """A Hugging Face folder (``runs/NAME/checkpoints/step_N``), a LoRA run's checkpoint
+    (its adapter, naming its base), or a run directory, whose ``state.json`` names its last
+    checkpoint."""
+    from learner.lora import is_lora_checkpoint
+
     p = Path(path)
     if (p / "state.json").is_file():
         p = Path(json.loads((p / "state.json").read_text())["hf_path"])
-    if not (p / "config.json").is_file():
-        raise ValueError(f"--checkpoint {path}: not a Hugging Face model folder (no config.json) "
-                         "nor a run directory with state.json; pass runs/NAME/checkpoints/step_N")
+    if not (p / "config.json").is_file() and not is_lora_checkpoint(p):
+        raise ValueError(f"--checkpoint {path}: not a Hugging Face model folder (no config.json), a LoRA "
+                         "checkpoint nor a run directory with state.json; pass runs/NAME/checkpoints/step_N")
     return p
+
+
+def load_path(checkpoint: Path) -> Path:
+    """The folder an engine loads for ``checkpoint``: a LoRA checkpoint's merge with its base
+    (built once, into ``<checkpoint>/merged``), else the checkpoint itself."""
+    from learner.lora import merged_folder
+
+    return merged_folder(checkpoint)
 
 
 def evaluate_checkpoint(cfg: Any, checkpoint: Path, show_progress: bool = True) -> list[dict[str, Any]]:
@@ -39,7 +50,7 @@ def evaluate_checkpoint(cfg: Any, checkpoint: Path, show_progress: bool = True) 
     from rollout.episode import sampling_params
     from rollout.worker import RolloutWorker
 
-    engine = local_client(cfg.rollout.engine, str(checkpoint), seed=cfg.train.seed)
+    engine = local_client(cfg.rollout.engine, str(load_path(checkpoint)), seed=cfg.train.seed)
     worker = RolloutWorker(0, cfg.rollout, cfg.env, engine, cfg.train.seed, ports=None)
     tasks = worker.source.tasks("heldout")[: cfg.eval.num_tasks]
     params = sampling_params(cfg.rollout, cfg.eval.temperature)

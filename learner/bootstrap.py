@@ -93,7 +93,11 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
 
         # storage.places' rule: a path only if it exists (never a hub lookup), a URL or hub id as is
         ref = model_ref(cfg.path, "policy.path")
-        return Path(ref) if Path(ref).is_absolute() else ref
+        if not Path(ref).is_absolute():
+            return ref
+        from learner.lora import merged_folder
+
+        return merged_folder(ref)  # a LoRA checkpoint: base + adapter, merged once beside it
     from learner.pretrained import PACKAGED
 
     name = cfg.path.removeprefix("builtin:")

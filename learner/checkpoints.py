@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from learner.deepspeed_setup import full_state_dict
+from learner.lora import save_adapter
 from storage import RunStorage, atomic_write
 
 
@@ -27,16 +28,20 @@ def checkpoint_tag(step: int) -> str:
 
 
 def save_local(ds_engine: Any, tokenizer: Any, run_dir: Path, tag: str, rank: int,
-               log_z: dict[str, Any] | None = None) -> Path:
+               log_z: dict[str, Any] | None = None, lora_of: tuple[str, Any] | None = None) -> Path:
     """Checkpoint ``tag`` into ``run_dir`` (a collective: every rank calls it): rank 0 the
     Hugging Face weights and tokenizer, every rank its DeepSpeed shards, rank 0 ``log_z``
-    (trajectory balance's table, optimiser and task codes; None: no such loss). Returns the
-    Hugging Face folder."""
+    (trajectory balance's table, optimiser and task codes; None: no such loss). ``lora_of``
+    = (base, ``LoRAConfig``) of a LoRA run, whose folder holds the adapter and names the base
+    instead of whole weights (``learner/lora.py``). Returns the Hugging Face folder."""
     path = run_dir / "checkpoints" / tag
     weights = full_state_dict(ds_engine, gather_to_all=False)
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
-        ds_engine.module.save_pretrained(path, state_dict=weights)
+        if lora_of is None:
+            ds_engine.module.save_pretrained(path, state_dict=weights)
+        else:
+            save_adapter(ds_engine.module, weights, path, *lora_of)
         tokenizer.save_pretrained(path)
     ds_engine.save_checkpoint(str(run_dir / "ds_checkpoint"), tag=tag)
     if rank == 0 and log_z is not None:

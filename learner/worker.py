@@ -38,6 +38,7 @@ from learner.checkpoints import checkpoint_tag, load_log_z, resume_state, save_l
 from learner.batching import TokenBatch, build_token_batch, by_length, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
+from learner import lora
 from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
 from learner.ports import LearnerPorts, claim_batch
 from learner.run_files import keep_steps_through
@@ -75,13 +76,20 @@ class LearnerWorker:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)  # on a node of its own, a local scratch copy
         self.store = RunStorage(storage_url) if storage_url else None
+        self.base = str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
+        """The policy this run started from, as its LoRA checkpoints name it."""
         model_path = node_copy(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         state = resume_state(self.store, self.run_dir) if resume else None
-        load_from = state["hf_path"] if state else model_path
+        # A LoRA checkpoint holds only the adapter: its base is the run's policy, and the
+        # DeepSpeed checkpoint loaded below restores the adapter and its optimizer state.
+        load_from = state["hf_path"] if state and cfg.lora is None else model_path
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32)
-        self.ref = None
-        if cfg.loss.type == "ppo" and cfg.loss.kl_coef > 0:
+        if cfg.lora is not None:
+            model = lora.wrap(model, cfg.lora)
+        self.kl_to_ref = cfg.loss.type == "ppo" and cfg.loss.kl_coef > 0
+        self.ref = None  # under LoRA the reference is the policy with its adapters disabled
+        if self.kl_to_ref and cfg.lora is None:
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
         self.live_groups = live_groups
         """Live groups (sessions, one trajectory each) in every claimed batch; the rest are
@@ -200,6 +208,8 @@ class LearnerWorker:
         by rank 0), which acknowledges ``ack`` = (claim id, commit) once engines serve them."""
         state = full_state_dict(self.ds_engine, gather_to_all=False)
         if self.rank == 0:
+            if self.cfg.lora is not None:  # engines load whole weights under the base's names
+                state = lora.merged_state(state, self.cfg.lora)
             self.ports.publish(self.version, state, ack)
 
     def republish(self) -> int:
@@ -398,10 +408,7 @@ class LearnerWorker:
         entropy = None
         if self.cfg.loss.type == "ppo" and self.cfg.loss.entropy_coef > 0:
             entropy = -(logp_all.exp() * logp_all).sum(-1)
-        ref = None
-        if self.ref is not None:
-            with torch.no_grad():
-                ref, _ = self._logprobs(self.ref, mb)
+        ref = self._ref_logprobs(mb)
         inputs = LossInputs(
             logprobs=logp, old_logprobs=logp.detach() if old is None else old,
             behaviour_logprobs=mb.behaviour,
@@ -411,6 +418,17 @@ class LearnerWorker:
         )
         return policy_loss(inputs, self.cfg.loss, self.log_z)
 
+    def _ref_logprobs(self, mb: TokenBatch) -> torch.Tensor | None:
+        """Log-probs under the reference policy (``loss.kl_coef`` > 0): the starting policy,
+        which under LoRA is the same model with its adapters disabled (no second copy)."""
+        if not self.kl_to_ref:
+            return None
+        with torch.no_grad():
+            if self.cfg.lora is None:
+                return self._logprobs(self.ref, mb)[0]
+            with self.ds_engine.module.disable_adapter():
+                return self._logprobs(self.ds_engine.module, mb)[0]
+
     # -- checkpoints (learner.checkpoints) -------------------------------------------------
     def save_checkpoint(self) -> str:
         """HF weights + tokenizer under checkpoints/step_N, optimizer state under ds_checkpoint
@@ -418,7 +436,8 @@ class LearnerWorker:
         tag = checkpoint_tag(self.step)
         log_z = None if self.log_z is None else {
             "table": self.log_z.state_dict(), "opt": self.log_z_opt.state_dict(), "task_codes": self.task_codes}
-        path = save_local(self.ds_engine, self.tokenizer, self.run_dir, tag, self.rank, log_z)
+        path = save_local(self.ds_engine, self.tokenizer, self.run_dir, tag, self.rank, log_z,
+                          None if self.cfg.lora is None else (self.base, self.cfg.lora))
         if self.store is not None:
             upload_checkpoint(self.store, self.run_dir, tag, self.rank)
             if self.world > 1:
