@@ -1,5 +1,6 @@
 """A learner's checkpoints: saved in the run directory (Hugging Face weights and tokenizer
-under ``checkpoints/<tag>``, DeepSpeed's optimizer state and every rank's shards under
+under ``checkpoints/<tag>``; a LoRA run's adapter there instead, naming its base:
+``learner/lora.py``), DeepSpeed's optimizer state and every rank's shards under
 ``ds_checkpoint/<tag>``, trajectory balance's log Z beside them), committed by ``state.json``,
 uploaded to the run's storage (``cluster.storage``) after every local save and fetched back
 by a resume on any node.
