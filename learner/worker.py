@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from learner.advantages.assemble import batch_advantages, join_live
-from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
+from learner.advantages.batch import AdvantageResult, constrained_turns, turn_batch_from_trajectories
 from learner.advantages.live import Moments, running_baseline
 from learner.checkpoints import checkpoint_tag, load_log_z, resume_state, save_local, upload_checkpoint, write_state
 from learner.batching import TokenBatch, build_token_batch, by_length, rank_micro_batches
@@ -253,7 +253,9 @@ class LearnerWorker:
         batch = turn_batch_from_trajectories(live)
         res, self.live_state = running_baseline(batch, self.cfg.live_baseline, self.live_state,
                                                 self.reward_weights)
-        return res, res.mask
+        if self.cfg.live_baseline.train_constrained:
+            return res, res.mask
+        return res, res.mask & ~constrained_turns(live)
 
     def _update(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Advantages, then ``ppo_epochs`` x ``mini_batches`` optimizer steps on the batch.

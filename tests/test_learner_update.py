@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from learner.advantages.config import LiveBaselineConfig
 from learner.config import LearnerConfig
 from rollout.trajectory import LiveOrigin, Trajectory, Turn, window_start
 from tests.dist_env import own_process_group
@@ -207,3 +208,19 @@ def test_a_lone_cpu_rank_builds_no_shared_memory_comm_op(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[-1] == "False [1.0, 1.0, 1.0]"
     assert not any(tmp_path.iterdir())  # nothing was compiled
+
+
+def test_turns_a_grammar_constrained_stay_out_of_the_loss_unless_asked(tiny_policy, tmp_path) -> None:
+    # A live session of two turns, the second sampled under tool_choice=required (its recorded
+    # log-probs are the masked distribution's): only the first is trained, and both with
+    # learner.live_baseline.train_constrained.
+    worker = _worker(tiny_policy[0], tmp_path)
+    turns = [Turn(action_ids=[40, 41], action_logprobs=[-1.0, -1.0], policy_version=0, observation_ids=[9]),
+             Turn(action_ids=[42, 43], action_logprobs=[-0.5, 0.0], policy_version=0)]
+    session = Trajectory(trajectory_id="s", task_id="live", group_id="live-s", prompt_ids=[5, 6, 7], turns=turns,
+                         outcome=1.0, live=LiveOrigin(session_id="s", constrained={1: "tool_choice_required"}))
+    _, _, mask = worker._all_advantages([session])
+    assert mask.tolist() == [True, False]
+    worker.cfg.live_baseline = LiveBaselineConfig(train_constrained=True)
+    _, _, mask = worker._all_advantages([session])
+    assert mask.tolist() == [True, True]

@@ -123,6 +123,13 @@ def _codes(values: list[str]) -> np.ndarray:
     return np.asarray([table.setdefault(v, len(table)) for v in values], dtype=np.int64)
 
 
+def constrained_turns(trajs: list[Trajectory]) -> np.ndarray:
+    """Per turn, in ``turn_batch_from_trajectories``' order: sampled under a grammar (a live
+    turn in ``LiveOrigin.constrained``)."""
+    return np.asarray([traj.live is not None and t in traj.live.constrained
+                       for traj in trajs for t in range(len(traj.turns))], dtype=bool)
+
+
 def turn_batch_from_trajectories(trajs: list[Trajectory], sources: Iterable[str] = ()) -> TurnBatch:
     """Flatten trajectories into a TurnBatch, turns in chronological order.
 
