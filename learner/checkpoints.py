@@ -44,7 +44,8 @@ def save_local(ds_engine: Any, tokenizer: Any, run_dir: Path, tag: str, rank: in
         else:
             save_adapter(ds_engine.module, weights, path, *lora_of)
         tokenizer.save_pretrained(path)
-    ds_engine.save_checkpoint(str(run_dir / "ds_checkpoint"), tag=tag)
+    # a LoRA run's frozen base is the policy it names: its DeepSpeed state is the adapter alone
+    ds_engine.save_checkpoint(str(run_dir / "ds_checkpoint"), tag=tag, exclude_frozen_parameters=lora_of is not None)
     if rank == 0 and log_z is not None:
         torch.save(log_z, log_z_path(run_dir, tag))
     return path

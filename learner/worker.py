@@ -123,8 +123,9 @@ class LearnerWorker:
             self.version = max(self.version, version_floor) + 1
         self.trained_log = self.run_dir / "trained_groups.jsonl"
         if state:
+            # a LoRA checkpoint's module state is the adapter alone (the base is model_path's)
             self.ds_engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
-                                        load_module_only=False)
+                                           load_module_only=False, load_module_strict=cfg.lora is None)
             if self.log_z is not None:
                 self.task_codes = load_log_z(self.run_dir, state["ds_tag"], self.log_z, self.log_z_opt, self.device)
         if state or version_floor:

@@ -199,6 +199,12 @@ def test_a_resumed_learner_continues_from_the_adapter_and_publishes_the_merge(tr
     for key, value in res["after"].items():
         torch.testing.assert_close(weights[key], value, rtol=0, atol=0)
     assert version == 1 and not any(".lora_" in k or "base_model" in k for k in published)
+    # DeepSpeed's module state in the checkpoint is the adapter (8704 floats), not the base;
+    # DeepSpeed drops frozen parameters by name, so the tied output head's second name stays
+    module_states = torch.load(res["checkpoint"].parents[1] / "ds_checkpoint" / "step_000001" / "mp_rank_00_model_states.pt",
+                               weights_only=False)["module"]
+    assert sum(v.numel() for k, v in module_states.items() if ".lora_" in k) == 8704
+    assert [k for k in module_states if ".lora_" not in k] == ["base_model.model.lm_head.weight"]
     want = merged_state(res["after"], res["cfg"].lora)
     assert set(published) == set(want)
     for key, value in want.items():
