@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/engines.py [--quick] [--model tiny|smollm2] [--batch B] [--requests R]
                                       [--max-new-tokens T] [--no-vllm] [--device cuda] [--no-updates]
+                                      [--updates-on hf|vllm ...]
 
 Same model on every side (``--model tiny``: the tiny warm-started policy of bench/serving.py;
 ``--model smollm2``: SmolLM2-135M-Instruct converted from its package, learner/pretrained.py),
@@ -27,7 +28,9 @@ the same search-QA prompts, the same sampling (temperature 0.7, top-p 1, at most
 
 Tokens are counted as generated (rows that stop early stop counting), so both sides are
 charged for the padding rows they carry. ``--device cuda`` puts ``generate``'s model and the HF
-engine on the GPU (vLLM picks its own device); ``--no-updates`` leaves part 4 out (it needs Ray).
+engine on the GPU (vLLM picks its own device); ``--no-updates`` leaves part 4 out (it needs Ray);
+``--updates-on hf`` measures it on the HF engine alone (tests/test_bench.py runs the harness
+so, at half its cost: tests/test_engine_service.py checks every transport into vLLM itself).
 """
 
 from __future__ import annotations
@@ -251,7 +254,12 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, fn, args))
     proc.start()
-    out = recv.recv()
+    send.close()  # the child holds the only sending end: if it dies, recv() ends instead of waiting forever
+    try:
+        out = recv.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"{fn.__name__}{args[:1]} died without a result (exit code {proc.exitcode})") from None
     proc.join()
     return out
 
@@ -268,6 +276,8 @@ def main() -> None:
     p.add_argument("--no-vllm", action="store_true", help="leave the vLLM engine out (not installed)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where generate and the HF engine run")
     p.add_argument("--no-updates", action="store_true", help="leave the weight updates out (they need Ray)")
+    p.add_argument("--updates-on", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"],
+                   help="the engines whose weight updates part 4 measures")
     args = p.parse_args()
     if args.quick:
         args.batch, args.requests, args.max_new_tokens, args.repeats = 8, 16, 24, 3
@@ -276,7 +286,7 @@ def main() -> None:
     res, updates = {}, {}
     for side in ("generate", *engines):
         out = in_fresh_process(run_side, side, args.model, policy, args.batch, args.requests, args.max_new_tokens,
-                               args.repeats, args.device, not args.no_updates)
+                               args.repeats, args.device, not args.no_updates and side in args.updates_on)
         res |= {(side, phase): out[phase] for phase in ("batch", "load")}
         if "updates" in out:
             updates[side] = out["updates"]
@@ -303,11 +313,11 @@ def report(args: Any, res: dict, updates: dict, engines: list[str]) -> None:
     per = {side: 1e3 / tps[side, "batch"] for side in ("hf", "generate")}
     print(f"3. per-token overhead at batch {args.batch}: HF engine {per['hf']:.3f} ms/token, generate "
           f"{per['generate']:.3f} ms/token, the engine adds {per['hf'] - per['generate']:+.3f} ms/token")
-    if args.no_updates:
+    if not updates:
         return
     print("4. weight update latency (best of the repeats; bytes of the tied-once state dict; x copy: "
           "seconds over a plain in-memory copy of the same bytes):")
-    for kind in engines:
+    for kind in updates:
         copy_s = updates[kind][0][2]
         for transport, nbytes, seconds in updates[kind]:
             print(f"   {name[kind]:<11} {transport:<17} {nbytes / 1e6:7.2f} MB  {seconds * 1e3:8.1f} ms  "

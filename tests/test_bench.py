@@ -37,6 +37,12 @@ def _splits_build(cfg) -> None:
         assert make_task_source(demo_env).tasks("train")
 
 
+# Cheaper still than --quick where a part repeats what another test checks: the engines bench
+# measures weight updates on the HF engine alone (the same harness; every transport into vLLM
+# is checked by tests/test_engine_service.py, the object store's by tests/test_weight_transport.py).
+QUICKER = {"engines": ["--updates-on", "hf"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script, needle", [("envs", "search step p50"), ("ig", "max |v - v_ref|"),
                                             ("replay", "replay -> learner] as models"),
@@ -52,13 +58,17 @@ def _splits_build(cfg) -> None:
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--quick"],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--quick", *QUICKER.get(script, [])],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert needle in proc.stdout
     if script != "kv_cache":  # its needle heads a table; the rows below hold the numbers
         value = _number_after(proc.stdout, needle)
         assert math.isfinite(value) and value >= 0, f"{needle!r} line: {value}"
+    if script == "engines":  # part 4's harness ran on the HF engine, every transport measured
+        rows = [line.split("MB")[0].split() for line in proc.stdout.splitlines() if line.startswith("   HF engine ")]
+        assert [row[2:-1] for row in rows] == [["memory", "copy"], ["memory"], ["ray", "object", "store"],
+                                               ["file", "(/dev/shm)"], ["gloo", "broadcast"]], proc.stdout[-2000:]
     if script == "serving":  # every request of both phases answered: the failed column is 0
         rows = [line.split() for line in proc.stdout.splitlines()
                 if line.startswith(("no publishes", "publishes"))]
