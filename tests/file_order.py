@@ -9,9 +9,12 @@ where they fill in whichever worker frees first. ``--no-loadscope-reorder`` (Mak
 xdist from sorting the files again by their number of tests.
 
 ``SECONDS`` holds each slow file's seconds in the cold clean-clone runs of
-docs/results/test_suite.md (``--durations`` summed per file, rounded). Only the order matters,
-so rough numbers do; a file not listed counts as short and keeps its collection place among
-the other short ones. A file's own tests keep their order (its module fixtures are built once).
+docs/results/test_suite.md (``--durations`` summed per file, rounded), or alone on a loaded
+machine where those runs listed too little of it. Only the order matters, so rough numbers do.
+A file not listed counts as ``MEDIUM`` when one of its tests uses a fixture that starts Ray or
+builds a policy (``HEAVY_FIXTURES``: a new such file is never left for the end), else as short;
+files of equal count keep their collection order. A file's own tests keep their order (its
+module fixtures are built once).
 """
 
 from __future__ import annotations
@@ -39,18 +42,28 @@ SECONDS = {
     "test_services_fuzz.py": 30,
     "test_install_tool.py": 20,
     "test_eval_cli.py": 20,
+    # alone, 2026-11-27 ~23:50 at load 6-12 (the cold runs' top 25 list none of their tests)
+    "test_weight_sync.py": 90,
+    "test_learner_update.py": 60,
+    "test_rollout.py": 45,
 }
+MEDIUM = 30
+HEAVY_FIXTURES = frozenset({"ray_cluster", "tiny_policy", "agent_policy", "tiny_run_config"})
 
 
 def longest_first(items: list[pytest.Item]) -> None:
-    """Sort ``items`` in place: whole files by ``SECONDS``, longest first; ties (the short
-    files) in collection order; each file's tests in their own order."""
+    """Sort ``items`` in place: whole files by their seconds, longest first; ties in
+    collection order; each file's tests in their own order."""
     first: dict[str, int] = {}
+    heavy: set[str] = set()
     for i, item in enumerate(items):
         first.setdefault(_file(item), i)
+        if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            heavy.add(_file(item))
 
     def key(item: pytest.Item) -> tuple[int, int]:
-        return -SECONDS.get(Path(_file(item)).name, 0), first[_file(item)]
+        f = _file(item)
+        return -SECONDS.get(Path(f).name, MEDIUM if f in heavy else 0), first[f]
 
     items.sort(key=key)  # stable: a file's tests stay in their order
 
