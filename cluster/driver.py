@@ -138,6 +138,10 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     on_stage(f"[1/5] policy: {cfg.policy.path}")
     policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar",
                            history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
+    if cfg.learner.lora is not None:  # a target naming no layer of the policy fails before Ray starts
+        from learner.lora import check_policy
+
+        check_policy(policy, cfg.learner.lora)
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")
     init_ray(cfg)
     sync = RunSync(cfg, run_dir)

@@ -45,6 +45,16 @@ def check_targets(model: torch.nn.Module, targets: list[str]) -> None:
                          f"'self_attn.q_proj' narrows one down)")
 
 
+def check_policy(path: str | Path, cfg: LoRAConfig) -> None:
+    """``check_targets`` against the policy folder's architecture, built on the meta device
+    (no weights read, milliseconds): the driver's check before any actor starts."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+    check_targets(model, cfg.target_modules)
+
+
 def wrap(model: torch.nn.Module, cfg: LoRAConfig) -> Any:
     """``model`` with fresh adapters on ``cfg.target_modules`` (B = 0, so it computes
     exactly what the base does); only the adapters require grad."""

@@ -52,6 +52,14 @@ def test_a_target_matching_nothing_fails_listing_the_models_linear_modules() -> 
     assert "['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', 'v_proj']" in msg
 
 
+def test_the_driver_checks_targets_against_the_policy_folder(tiny_policy) -> None:
+    from learner.lora import check_policy
+
+    check_policy(tiny_policy[0], LoRAConfig())  # every default target is a layer of the tiny Llama
+    with pytest.raises(ValueError, match=r"learner.lora.target_modules: \['c_attn'\] match no linear module"):
+        check_policy(tiny_policy[0], LoRAConfig(target_modules=["c_attn"]))
+
+
 def test_merged_state_is_peft_merge_and_unload() -> None:
     """The weights the learner publishes equal peft's own merge, key for key."""
     from learner.lora import merged_state, wrap
