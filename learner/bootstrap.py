@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from envs.base import TaskSource
 from envs.formats import DEFAULT_FORMAT
 from learner.config import PolicyConfig
+from storage.files import atomic_folder
 
 BOOTSTRAP_VERSION = 4  # bump when the tokenizer, template or SFT recipe changes
 
@@ -126,18 +126,7 @@ def _cached(final: Path, build) -> Path:
     marker = final / "turnrl_bootstrap.json"
     if marker.exists():
         return final
-    tmp = final.with_name(final.name + f".tmp{time.time_ns()}")
-    tmp.mkdir(parents=True)
-    try:
-        build(tmp)
-        if marker.exists():
-            return final
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return atomic_folder(final, build, done=marker.exists)
 
 
 def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_progress: bool,

@@ -13,14 +13,13 @@ model being trained. A checkpoint holds peft's adapter files, the tokenizer and
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
 from learner.config import LoRAConfig
+from storage.files import atomic_folder
 
 MARKER = "turnrl_lora.json"
 """In a LoRA checkpoint: the base the adapter was trained on, and its shape."""
@@ -120,16 +119,12 @@ def merge_into(checkpoint: str | Path, out: str | Path) -> Path:
     checkpoint, out = Path(checkpoint), Path(out).resolve()
     base = AutoModelForCausalLM.from_pretrained(base_of(checkpoint), dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(checkpoint)).merge_and_unload()
-    tmp = out.with_name(f"{out.name}.tmp{time.time_ns()}")
-    try:
+
+    def build(tmp: Path) -> None:
         merged.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(str(checkpoint)).save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    return atomic_folder(out, build)
 
 
 def merged_folder(checkpoint: str | Path) -> Path:

@@ -12,11 +12,11 @@ Nothing here reaches a model hub: the weights come from the installed package.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from storage.files import atomic_folder
 
 CONVERT_VERSION = 1  # bump when the conversion's output changes, so caches are rebuilt
 MARKER = "turnrl_model.json"
@@ -87,19 +87,15 @@ def convert(name: str, models_dir: str | Path, log=print) -> Path:
     model = packaged(name)
     src, version = gguf_path(model)
     final = Path(models_dir).resolve() / model.folder
-    tmp = final.with_name(f"{final.name}.tmp{time.time_ns()}")
-    tmp.mkdir(parents=True)
-    try:
+    stats: dict = {}
+
+    def build(tmp: Path) -> None:
         log(f"converting {src.name} ({src.stat().st_size / 2**20:.0f} MiB, {model.distribution} {version}) to {final}")
-        stats = _convert_gguf(src, tmp)
-        stats |= {"convert_version": CONVERT_VERSION, "name": name, "distribution": model.distribution,
-                  "version": version, "gguf": model.gguf}
+        stats.update(_convert_gguf(src, tmp), convert_version=CONVERT_VERSION, name=name,
+                     distribution=model.distribution, version=version, gguf=model.gguf)
         (tmp / MARKER).write_text(json.dumps(stats, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    atomic_folder(final, build)
     log(f"converted in {stats['convert_s']:.1f}s: {stats['params'] / 1e6:.1f}M parameters")
     return final
 
