@@ -148,7 +148,7 @@ def test_pipeline_reports_each_pair_and_their_median(capsys) -> None:
     pipeline = _bench("pipeline")
     sync = {"samples_per_s": 40.0, "all_samples_per_s": 36.0, "train_s": 20.0, "g": 0.4, "t": 0.5, "step": 0.9,
             "width": 200.0, "turns": 1.5, "decode_steps": 60.0, "rows": 15.0, "busy": 0.35,
-            "prefilled": 900.0}
+            "prefilled": 900.0, "stale": 40.0}
     ratio, ideal, share = pipeline.share_of_ideal(sync, {**sync, "samples_per_s": 64.8})
     assert (round(ratio, 3), round(ideal, 3), round(share, 3)) == (1.62, 1.8, 0.9)
     pairs = [{"sync": sync, "async": {**sync, "samples_per_s": 40.0 * 1.8 * s, "step": 0.5}} for s in (0.8, 1.0, 0.95)]
@@ -156,6 +156,7 @@ def test_pipeline_reports_each_pair_and_their_median(capsys) -> None:
     out = capsys.readouterr().out
     assert "share of ideal, median of 3 alternated pair(s): 0.95 (goal >= 0.9; pairs 0.80 1.00 0.95)" in out
     assert out.count("\n1    sync") == 1 and "3    async" in out
+    assert out.count("       900       40\n") == 6  # prefilled, then stale kv, on each of the 6 rows
 
 
 @pytest.mark.slow
