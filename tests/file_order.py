@@ -13,7 +13,7 @@ docs/results/test_suite.md (``--durations`` summed per file, rounded), or alone 
 machine where those runs listed too little of it. Only the order matters, so rough numbers do.
 A file not listed counts as ``MEDIUM`` when one of its tests uses a fixture that starts Ray or
 builds a policy (``HEAVY_FIXTURES``: a new such file is never left for the end), else as short;
-files of equal count keep their collection order. A file's own tests keep their order (its
+files of equal seconds keep their collection order. A file's own tests keep their order (its
 module fixtures are built once).
 """
 
