@@ -441,7 +441,8 @@ def test_prompt_logprobs_from_first_are_the_tail_of_the_whole_prompts(client) ->
             _run(client.prompt_logprobs(prompt, first=bad))
 
 
-def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client, kind, tiny_policy) -> None:
+def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client, kind, tiny_policy,
+                                                                       policy_state) -> None:
     """HF engine's prefix cache: the next turn of an episode (prompt + completion + an
     observation) and an answer template scored after it reuse the kept KV, and get what a
     plain forward pass gives them; after a weight update a generation reuses the old version's
@@ -452,9 +453,11 @@ def test_a_turn_that_extends_a_finished_one_prefills_only_its_new_tokens(client,
 
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     prompt = list(range(20, 40))  # reuse starts at a block (16 tokens)
-    before = client.engine.stats()
+    # Five versions on: earlier tests' KV is too old to reuse (``stale_kv_versions``, 4)
+    _run(client.update_weights(client.version + 5, InMemoryWeights(policy_state)))
     first = _run(client.generate(prompt, params))
     turn2 = prompt + first.token_ids + [30, 31, 32, 33]
+    before = client.engine.stats()
     second = _run(client.generate(turn2, params))
     after = client.engine.stats()
     # the first turn's prompt and all its tokens but the last (never fed forward) are kept
