@@ -257,8 +257,8 @@ class DecodeBatch:
 
     def _keep_row(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int, version: int) -> None:
         """Hand row ``row`` of a batch cache (its real columns, copied) to the prefix cache."""
-        if self.prefix.max_bytes <= 0 or len(ids) < self.prefix.block:
-            return
+        if self.prefix.max_bytes <= 0 or len(ids) < self.prefix.block or not self.prefix.young_enough(version):
+            return  # (a row's KV too old to keep is not copied out only to be refused)
         cols = mask[row].nonzero()[:, 0]
         if len(cols) == len(ids):  # the row's real columns are exactly these tokens
             kv = [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in cache.layers]

@@ -117,7 +117,7 @@ class PrefixCache:
         (``version`` when not given)."""
         self._on_version(version if now is None else now)
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
-        if len(ids) < self.block or nbytes > self.max_bytes or version < self._oldest_kept():
+        if len(ids) < self.block or nbytes > self.max_bytes or not self.young_enough(version):
             return
         blocks = list(_block_keys(ids, self.block))
         extended = {key for b in blocks for key in self._index.get(b, ())}
@@ -133,6 +133,10 @@ class PrefixCache:
         while self.nbytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
             self.stats["prefix_evicted"] += 1
+
+    def young_enough(self, version: int) -> bool:
+        """Whether KV of ``version`` may still be held (callers ask before copying it out)."""
+        return version >= self._oldest_kept()
 
     def _oldest_kept(self) -> int:
         return -1 if self._version is None else self._version - self.max_age
