@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from learner.config import LoRAConfig
+from rollout.engines.adapters import A_SUFFIX, B_SUFFIX
 from storage.files import atomic_folder
 
 MARKER = "turnrl_lora.json"
@@ -80,6 +81,20 @@ def merged_state(state: Mapping[str, torch.Tensor], cfg: LoRAConfig) -> dict[str
             a, b = state[f"{layer}.lora_A.{ADAPTER}.weight"], state[f"{layer}.lora_B.{ADAPTER}.weight"]
             value = value + scale * (b.to(value.dtype) @ a.to(value.dtype))
         out[name] = value
+    return out
+
+
+def adapter_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter's tensors alone from a ``PeftModel``'s state dict, under the base model's
+    module names (``<module>.lora_A.weight``, ``<module>.lora_B.weight``): what an engine
+    serving adapters (``rollout.engines.adapters``) loads, scaled by ``alpha / rank``, to
+    compute what ``merged_state`` computes."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        for part, suffix in ((".lora_A.", A_SUFFIX), (".lora_B.", B_SUFFIX)):
+            marker = f"{part}{ADAPTER}.weight"
+            if key.endswith(marker):
+                out[key.removeprefix(PEFT_PREFIX).removesuffix(marker) + suffix] = value
     return out
 
 

@@ -101,6 +101,8 @@ def test_an_aborted_row_leaves_at_the_next_step(batch) -> None:
 
 def test_prompt_scores_are_a_full_forwards_log_probs(batch) -> None:
     class Item:
+        adapter = None  # the base model's log-probs
+
         def __init__(self, ids: list[int], first: int) -> None:
             self.ids, self.first = ids, first
 
@@ -140,7 +142,7 @@ def test_a_next_turn_after_a_new_version_continues_on_kv_up_to_stale_kv_versions
     assert abs(stale.logprobs[0] - fresh) > 1e-3  # the old KV was used
 
     class Item:
-        ids, first = prompt, len(prompt) - 3
+        ids, first, adapter = prompt, len(prompt) - 3, None
 
     [(version, scores)] = batch.score([Item()])
     with torch.inference_mode():

@@ -43,6 +43,10 @@ class SamplingParams:
     as JSON (``{"type": "structural_tag", "format": {...}}``, built by ``gateway.constraints``).
     Only an engine whose ``features`` hold ``"guided"`` takes it. The log-probs recorded are
     then those of the constrained distribution the tokens were sampled from."""
+    adapter: str | None = None
+    """The LoRA adapter to decode with (loaded by ``Engine.update_adapter``; None: the base
+    model). The request's tokens carry the adapter's version. Only an engine whose
+    ``features`` hold ``"adapters"`` takes it."""
 
     def choice(self, i: int) -> "SamplingParams":
         """The params of choice ``i`` of ``n``: a seeded request's choices get seeds
@@ -124,7 +128,8 @@ class Engine(ABC):
     """Serves concurrent requests; see the module docstring for the contract."""
 
     features: frozenset[str] = frozenset()
-    """What the engine does beyond the contract: ``guided`` (``SamplingParams.guide``)."""
+    """What the engine does beyond the contract: ``guided`` (``SamplingParams.guide``),
+    ``adapters`` (``update_adapter``, ``SamplingParams.adapter``)."""
 
     @property
     @abstractmethod
@@ -148,10 +153,12 @@ class Engine(ABC):
         """Sample one completion of ``prompt_ids``."""
 
     @abstractmethod
-    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1,
+                              adapter: str | None = None) -> tuple[int, list[float]]:
         """Score a prompt without sampling: ``(version, lp)`` where ``lp[j]`` is
         log pi(prompt_ids[first + j] | prompt_ids[: first + j]) under the serving weights
-        (untempered), for every token from index ``first`` (>= 1) on. Used by scorers that read
+        (untempered; with ``adapter``, the base plus that adapter, and its version), for every
+        token from index ``first`` (>= 1) on. Used by scorers that read
         the behaviour policy's log-probs (IG gold answers) from the engine instead of a model
         copy of their own; a ``first`` past a context the engine has just generated from lets
         an engine with a prefix cache compute only the tokens after it."""
@@ -179,6 +186,18 @@ class Engine(ABC):
         """Join the learner's weight broadcast group (``transport.BroadcastGroup``) as rank
         ``init["rank"]``; returns once every member has joined."""
 
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        """Serve ``version`` of LoRA adapter ``name`` (``<module>.lora_A.weight`` /
+        ``.lora_B.weight`` tensors from ``handle``, scaled by ``scale``) beside the others,
+        replacing its previous version without pausing other requests; returns the version
+        serving it. Engines whose ``features`` lack ``adapters`` refuse."""
+        refuse_adapter(self, name)
+        return version
+
+    async def remove_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` once no open request names it."""
+        refuse_adapter(self, name)
+
     def stats(self) -> dict[str, float]:
         """Counters for metrics (tokens generated, batches, mean batch size ...)."""
         return {}
@@ -192,3 +211,11 @@ def check_first(first: int, n_tokens: int) -> None:
     if not 1 <= first < n_tokens:
         raise ValueError(f"prompt_logprobs: first={first} must be >= 1 and below the prompt's "
                          f"{n_tokens} tokens (the first token has no prefix to score it by)")
+
+
+def refuse_adapter(engine: Engine, adapter: str | None) -> None:
+    """An engine without the ``adapters`` feature refuses any request naming one, naming
+    the engine that serves them."""
+    if adapter is not None and "adapters" not in engine.features:
+        raise ValueError(f"adapter {adapter!r}: the {type(engine).__name__} serves no LoRA adapters; "
+                         "rollout.engine.type: hf does (docs/lora.md)")

@@ -49,7 +49,7 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def prompt_logprobs(self, prompt_ids: list[int], session_id: str | None = None,
-                              first: int = 1) -> tuple[int, list[float]]:
+                              first: int = 1, adapter: str | None = None) -> tuple[int, list[float]]:
         """``(version, log-probs of prompt_ids[first:])`` from one engine (see ``Engine``);
         the engine ``session_id`` picks, as for ``generate``: the one that generated the
         context, whose prefix cache holds it."""
@@ -63,6 +63,15 @@ class EngineClient(ABC):
     @abstractmethod
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
         """Load a version into every engine; returns the lowest version now serving."""
+
+    @abstractmethod
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        """Load a version of LoRA adapter ``name`` into every engine (``Engine.update_adapter``);
+        returns the lowest version of it now serving."""
+
+    @abstractmethod
+    async def remove_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` from every engine."""
 
     @abstractmethod
     async def stats(self) -> list[dict[str, float]]:
@@ -110,8 +119,8 @@ class LocalEngineClient(EngineClient):
     async def abort(self, request_id: str) -> bool:
         return await self.server.abort(request_id)
 
-    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1) -> tuple[int, list[float]]:
-        return await self.server.prompt_logprobs(prompt_ids, first)
+    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1, adapter=None) -> tuple[int, list[float]]:
+        return await self.server.prompt_logprobs(prompt_ids, first, adapter)
 
     async def pause(self) -> None:
         await self.server.pause()
@@ -121,6 +130,12 @@ class LocalEngineClient(EngineClient):
 
     async def update_weights(self, version: int, handle: WeightHandle) -> int:
         return await self.server.update_weights(version, handle)
+
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        return await self.server.update_adapter(name, version, handle, scale)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.server.remove_adapter(name)
 
     async def stats(self) -> list[dict[str, float]]:
         return [self.server.stats()]
@@ -184,7 +199,8 @@ class RayEngineClient(EngineClient):
         finally:
             self._outstanding[idx] -= 1
             self._where.pop(rid, None)
-        self._seen(done.version_spans[-1][1])
+        if params.adapter is None:  # an adapter's versions are its own, not the weights'
+            self._seen(done.version_spans[-1][1])
         return done
 
     async def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
@@ -197,7 +213,8 @@ class RayEngineClient(EngineClient):
             refs = self.handles[idx].stream.options(num_returns="streaming").remote(prompt_ids, params, rid)
             async for ref in refs:
                 chunk = await ref
-                self._seen(chunk.version)
+                if params.adapter is None:
+                    self._seen(chunk.version)
                 finished = chunk.finish_reason is not None
                 yield chunk
         finally:
@@ -206,14 +223,15 @@ class RayEngineClient(EngineClient):
             if not finished:  # the consumer left early: free the engine's row
                 await self.handles[idx].abort.remote(rid)
 
-    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1, adapter=None) -> tuple[int, list[float]]:
         idx = self._pick(session_id)  # a shared session id keeps one context's rows on one engine
         self._outstanding[idx] += 1
         try:
-            version, lps = await self.handles[idx].prompt_logprobs.remote(prompt_ids, first)
+            version, lps = await self.handles[idx].prompt_logprobs.remote(prompt_ids, first, adapter)
         finally:
             self._outstanding[idx] -= 1
-        self._seen(version)
+        if adapter is None:
+            self._seen(version)
         return version, lps
 
     async def abort(self, request_id: str) -> bool:
@@ -236,6 +254,12 @@ class RayEngineClient(EngineClient):
         low = min(await self._all("update_weights", version, handle))
         self._seen(low)
         return low
+
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        return min(await self._all("update_adapter", name, version, handle, scale))
+
+    async def remove_adapter(self, name: str) -> None:
+        await self._all("remove_adapter", name)
 
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")

@@ -17,6 +17,11 @@ IG answer template after a context just generated from) prefills only the tokens
 Prompt log-probs (``prompt_logprobs``) are scored in batches on the same thread, between
 decoding steps, so a scorer is never held up by a batch that keeps going.
 
+LoRA adapters (``update_adapter``, ``rollout.engines.adapters``) are served side by side on the
+one base model: a request names its adapter (``SamplingParams.adapter``), rows of different
+adapters share a batch, and a new version of one adapter is loaded in place between two steps
+while every other row decodes on (no pause, no drained batch).
+
 Between decoding steps the thread also honours the control plane: aborted rows finish, a pause
 holds the batch, and staged weights are loaded (``weight_update: in_flight``, the default), so
 a long completion continues on the new weights and records the version change; with
@@ -43,6 +48,7 @@ from typing import Any, AsyncIterator, Mapping
 import torch
 
 from rollout.config import HFEngineConfig
+from rollout.engines.adapters import Adapter, adapter_layers
 from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id
 from rollout.engines.hf_batch import DecodeBatch, Row
 from rollout.engines.transport import WeightHandle, check_fits, shapes_of
@@ -66,9 +72,12 @@ class _Score:
     first: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    adapter: str | None = None
 
 
 class HFEngine(Engine):
+    features = frozenset({"adapters"})
+
     def __init__(self, cfg: HFEngineConfig, model_path: str, seed: int = 0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -78,11 +87,15 @@ class HFEngine(Engine):
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(cfg.device).eval()
         self._stats = {"tokens": 0.0, "batches": 0.0, "rows": 0.0, "decode_s": 0.0, "weight_loads": 0.0,
                        "requests": 0.0, "aborted": 0.0, "weight_changes_mid_request": 0.0, "joins": 0.0,
-                       "forwards": 0.0, "forward_rows": 0.0, "prefill_tokens": 0.0}
+                       "forwards": 0.0, "forward_rows": 0.0, "prefill_tokens": 0.0, "adapter_loads": 0.0}
         self._batch = DecodeBatch(self.model, cfg, self._tokenizer.pad_token_id or 0, self._tokenizer.eos_token_id,
                                   seed, self._stats)
         """The model, its version and prefix cache, and decoding: touched on the decode thread only."""
         self._staged: tuple[Mapping[str, Any], int] | None = None
+        self._staged_adapters: dict[str, Adapter] = {}
+        """Adapter versions waiting for a step boundary (the newest of each name)."""
+        self._removing: set[str] = set()
+        """Adapters being unloaded: no new request may name them."""
         self._staged_lock = threading.Lock()
         self._resumed = threading.Event()
         self._resumed.set()
@@ -130,6 +143,40 @@ class HFEngine(Engine):
                 await asyncio.sleep(_PAUSE_POLL_S)
         return self._batch.version
 
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        """Serve ``version`` of adapter ``name`` (``<module>.lora_A/B.weight`` tensors from
+        ``handle``, applied as ``scale * B A``): loaded between two decoding steps, in place of
+        its previous version, while other rows decode on. Returns the version serving it."""
+        if name in self._removing:
+            raise ValueError(f"adapter {name!r} is being unloaded")
+        held = self._batch.adapters.adapters.get(name)
+        if held is not None and version <= held.version:
+            return held.version
+        layers = adapter_layers(await handle.load())
+        self._batch.adapters.check(layers)  # refuse a misfit here, never inside a batch
+        with self._staged_lock:
+            staged = self._staged_adapters.get(name)
+            if staged is None or version > staged.version:
+                self._staged_adapters[name] = Adapter(name, version, float(scale), layers)
+        while name in self._staged_adapters or self._staged_lock.locked():
+            if not self._decodes:
+                await self._load_staged()
+            else:
+                await asyncio.sleep(_PAUSE_POLL_S)
+        self._stats["adapter_loads"] += 1
+        return self._batch.adapters.version(name)
+
+    async def remove_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` once no open request names it (new ones are refused from
+        now), with its prefix-cache entries."""
+        self._removing.add(name)
+        try:
+            while any(r.adapter == name for r in self._open.values()) or name in self._staged_adapters:
+                await asyncio.sleep(_PAUSE_POLL_S)
+            await asyncio.get_running_loop().run_in_executor(self._decoder, self._batch.remove_adapter, name)
+        finally:
+            self._removing.discard(name)
+
     def _waiting_for(self, version: int) -> bool:
         # An apply holds the lock from taking the staged state to done; a load under way (on
         # the decode thread) means still waiting, found without blocking the event loop on it.
@@ -148,15 +195,21 @@ class HFEngine(Engine):
         """Load staged weights on the decode thread (from the event loop): every forward pass
         runs on that thread, so a load never lands under one, and the event loop never waits
         for a pass (a long prompt scoring) to end."""
-        if self._staged is not None:
+        if self._staged is not None or self._staged_adapters:
             await asyncio.get_running_loop().run_in_executor(self._decoder, self._apply_staged)
 
-    def _apply_staged(self) -> None:
-        """Load staged weights now (decode thread only: see ``_load_staged``)."""
+    def _apply_staged(self, weights: bool = True) -> None:
+        """Load staged adapters, and staged weights unless ``weights`` is False, now (decode
+        thread only: see ``_load_staged``). Adapters load at every step boundary, whatever
+        ``weight_update`` says: replacing one adapter in place changes no other row."""
         with self._staged_lock:
-            staged, self._staged = self._staged, None
+            adapters, self._staged_adapters = self._staged_adapters, {}
+            for adapter in adapters.values():
+                self._batch.load_adapter(adapter)
+            staged = self._staged if weights else None
             if staged is None:
                 return
+            self._staged = None
             state, version = staged
             self._batch.load(state, version)
         self._stats["weight_loads"] += 1
@@ -173,11 +226,13 @@ class HFEngine(Engine):
 
         await asyncio.to_thread(BroadcastGroup.join, init, self.cfg.device)
 
-    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1,
+                              adapter: str | None = None) -> tuple[int, list[float]]:
         ids = list(prompt_ids)
         check_first(first, len(ids))
+        self._check_adapter(adapter)
         loop = asyncio.get_running_loop()
-        item = _Score(ids, first, loop, loop.create_future())
+        item = _Score(ids, first, loop, loop.create_future(), adapter)
         with self._waiting_lock:
             self._scoring.append(item)
         # On the decode thread: torch calls stay on the one thread that owns the OpenMP pool. A
@@ -229,6 +284,7 @@ class HFEngine(Engine):
             raise RuntimeError("engine batcher died") from self._batcher.exception()
         if request_id in self._open:
             raise ValueError(f"request id {request_id!r} is already in use")
+        self._check_adapter(params.adapter)
         req = _Request(request_id, list(prompt_ids), params, future=loop.create_future(),
                        stream=asyncio.Queue() if stream else None)
         if params.seed is not None:
@@ -239,6 +295,14 @@ class HFEngine(Engine):
             self._waiting.append(req)
         self._arrived.set()
         return req
+
+    def _check_adapter(self, name: str | None) -> None:
+        if name is None:
+            return
+        if name in self._removing or name not in self._batch.adapters:
+            loaded = sorted(set(self._batch.adapters.adapters) - self._removing)
+            raise ValueError(f"adapter {name!r} is not loaded on this engine (loaded: {loaded}); "
+                             "load it first with update_adapter")
 
     def _take_waiting(self, k: int) -> list[_Request]:
         """Up to ``k`` waiting requests (any thread); aborted ones are answered on the way."""
@@ -289,7 +353,7 @@ class HFEngine(Engine):
             return
         self._stats["aborted"] += reason == "abort"
         if not req.spans:
-            req.spans.append((0, self._batch.version))
+            req.spans.append((0, self._batch.version_of(req.adapter)))
         done = Completion(req.request_id, req.token_ids, req.logprobs, reason, req.spans,  # type: ignore[arg-type]
                           {"generate": time.perf_counter() - req.t0})
         if not req.future.done():
@@ -341,10 +405,8 @@ class HFEngine(Engine):
         """Between two decoding steps: wait out a pause, load staged weights."""
         in_flight = self.cfg.weight_update == "in_flight"
         while not self._resumed.wait(_PAUSE_POLL_S):
-            if in_flight:
-                self._apply_staged()
-        if in_flight:
-            self._apply_staged()
+            self._apply_staged(weights=in_flight)
+        self._apply_staged(weights=in_flight)
 
     def _may_join(self, running: int) -> bool:
         """Whether waiting requests may join a batch of ``running`` rows now: at once into an
@@ -389,7 +451,7 @@ class _Hooks:
         req, loop = row, self.engine._loop
         assert isinstance(req, _Request) and loop is not None
         if req.stream is not None:
-            chunk = Chunk(req.request_id, [token], [logprob], self.engine._batch.version)
+            chunk = Chunk(req.request_id, [token], [logprob], self.engine._batch.version_of(req.adapter))
             loop.call_soon_threadsafe(req.stream.put_nowait, chunk)
         if reason is not None:
             loop.call_soon_threadsafe(self.engine._finish, req, reason)

@@ -9,6 +9,10 @@ KV kept for prefixes), and rows the front hands over join (prefilled together, t
 left-padded to one width). What crosses to the front goes through ``DecodeHooks``: the step
 boundary (pauses, weight loads, prompt scoring), each token, aborted rows, rows that join.
 ``score`` computes prompt log-probs on the same thread.
+
+LoRA adapters (``rollout.engines.adapters``): a row whose params name an adapter is decoded
+with it, whatever the other rows use (each forward pass routes rows to their adapters), its
+tokens labelled with the adapter's version, its KV kept in the adapter's prefix-cache space.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from rollout.config import HFEngineConfig
+from rollout.engines.adapters import Adapter, AdapterTable
 from rollout.engines.base import SamplingParams, add_span
 from rollout.engines.kv_cache import append_rows, growing_cache, select_rows
 from rollout.engines.prefix_cache import Hit, PrefixCache
@@ -45,6 +50,10 @@ class Row:
     prefill's): kept for reuse only while that is at most ``stale_kv_versions`` old."""
     generator: torch.Generator | None = None
     """Its own sampling noise (``params.seed``): the same tokens again, whatever shares the batch."""
+
+    @property
+    def adapter(self) -> str | None:
+        return self.params.adapter
 
 
 class DecodeHooks(Protocol):
@@ -109,6 +118,7 @@ class DecodeBatch:
         self.model, self.cfg, self.pad_id, self.eos_id, self.stats = model, cfg, pad_id, eos_id, stats
         self.version = 0
         """The version of the weights the model holds."""
+        self.adapters = AdapterTable(model)
         self.prefix = PrefixCache(int(cfg.prefix_cache_mib * 2**20), max_age=cfg.stale_kv_versions)
         # On the model's device: sampling draws its noise there (a CPU generator fails on cuda).
         self.gen = torch.Generator(device=model.device).manual_seed(seed)
@@ -118,6 +128,19 @@ class DecodeBatch:
         """New weights, between forward passes."""
         self.model.load_state_dict(dict(state), strict=False)
         self.version = version
+
+    def load_adapter(self, adapter: Adapter) -> None:
+        """A new adapter, or a new version of one, between forward passes."""
+        self.adapters.load(adapter)
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload an adapter no row uses any more (the front waits for that), and its KV."""
+        self.adapters.remove(name)
+        self.prefix.drop_space(name)
+
+    def version_of(self, adapter: str | None) -> int:
+        """The version a row naming ``adapter`` is served by: the adapter's, or the base's."""
+        return self.version if adapter is None else self.adapters.version(adapter)
 
     @torch.inference_mode()
     def run(self, batch: list[Row], hooks: DecodeHooks) -> None:
@@ -178,7 +201,7 @@ class DecodeBatch:
 
     def record(self, req: Row, token: int, logprob: float) -> None:
         """One sampled token into ``req``, with the weights version it was sampled on."""
-        add_span(req.spans, len(req.token_ids), self.version)
+        add_span(req.spans, len(req.token_ids), self.version_of(req.adapter))
         if len(req.spans) == 2 and req.spans[1][0] == len(req.token_ids):
             self.stats["weight_changes_mid_request"] += 1
         req.token_ids.append(token)
@@ -192,13 +215,14 @@ class DecodeBatch:
         Identical prompts are computed once and their row copied: a GRPO group's G episodes
         open with the same prompt and arrive together, and that first-turn prefill was most
         of the engine's prefill work (vLLM shares it the same way, through its prefix cache)."""
-        slots: dict[tuple[int, ...], int] = {}
-        row_of = [slots.setdefault(tuple(r.prompt_ids), len(slots)) for r in reqs]
-        prompts = [list(p) for p in slots]
-        reuse = [self.prefix.lookup(p, self.version, len(p) - 1) for p in prompts]
+        slots: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        row_of = [slots.setdefault((r.adapter, tuple(r.prompt_ids)), len(slots)) for r in reqs]
+        prompts = [list(p) for _, p in slots]
+        spaces = [a for a, _ in slots]
+        reuse = [self.prefix.lookup(p, self.version_of(a), len(p) - 1, space=a) for a, p in zip(spaces, prompts)]
         for r, slot in zip(reqs, row_of):
             r.kv_version = reuse[slot].version
-        out, mask, pos = self._extend(prompts, reuse, keep=1)
+        out, mask, pos = self._extend(prompts, reuse, keep=1, adapters=spaces)
         self.stats["prefill_tokens"] += sum(len(p) - hit.n for p, hit in zip(prompts, reuse))
         cache, logits, next_pos = out.past_key_values, out.logits[:, -1], pos[:, -1:] + 1
         if len(prompts) < len(reqs):
@@ -207,10 +231,10 @@ class DecodeBatch:
             mask, next_pos, logits = mask[index], next_pos[index], logits[index]
         return Rows(list(reqs), cache, mask, next_pos, logits)
 
-    def _extend(self, prompts: list[list[int]], reuse: list[Hit],
-                keep: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def _extend(self, prompts: list[list[int]], reuse: list[Hit], keep: int,
+                adapters: list[str | None]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """One forward pass over each prompt's tokens past its reused prefix (``reuse[i]``: its
-        length r and KV); the output (logits of the last ``keep`` positions), the cache's
+        length r and KV), row i with adapter ``adapters[i]``; the output (logits of the last ``keep`` positions), the cache's
         padding mask and the new tokens' positions.
 
         Row i is laid out ``[left padding | r reused | padding | the s new tokens]``: the reused
@@ -231,8 +255,9 @@ class DecodeBatch:
             pos[i, new - s:] = torch.arange(r, len(p))
         ids, att, pos = ids.to(dev), att.to(dev), pos.to(dev)
         past = self._past(reuse, width) if width else growing_cache(self.model.config)
-        out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=past,
-                         use_cache=True, logits_to_keep=keep)
+        with self.adapters.route(adapters, dev):
+            out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=past,
+                             use_cache=True, logits_to_keep=keep)
         return out, att.bool(), pos
 
     def _past(self, reuse: list[Hit], width: int) -> Any:
@@ -253,22 +278,26 @@ class DecodeBatch:
         stay = set(going)
         for i, req in enumerate(rows.reqs):
             if i not in stay and not req.aborted:
-                self._keep_row(req.prompt_ids + req.token_ids[:-1], rows.cache, rows.mask, i, req.kv_version)
+                self._keep_row(req.prompt_ids + req.token_ids[:-1], rows.cache, rows.mask, i, req.kv_version,
+                               req.adapter)
 
-    def _keep_row(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int, version: int) -> None:
+    def _keep_row(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int, version: int,
+                  space: str | None) -> None:
         """Hand row ``row`` of a batch cache (its real columns, copied) to the prefix cache."""
-        if self.prefix.max_bytes <= 0 or len(ids) < self.prefix.block or not self.prefix.young_enough(version):
+        if (self.prefix.max_bytes <= 0 or len(ids) < self.prefix.block
+                or not self.prefix.young_enough(version, space)):
             return  # (a row's KV too old to keep is not copied out only to be refused)
         cols = mask[row].nonzero()[:, 0]
         if len(cols) == len(ids):  # the row's real columns are exactly these tokens
             kv = [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in cache.layers]
-            self.prefix.add(ids, kv, version, now=self.version)
+            self.prefix.add(ids, kv, version, now=self.version_of(space), space=space)
 
     def forward(self, rows: Rows, tokens: torch.Tensor) -> None:
         """One decoding step: each row's sampled token in, its next-token logits out."""
         mask = rows.grow()
-        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, None, None] if self.sdpa else mask,
-                         position_ids=rows.next_pos, past_key_values=rows.cache, use_cache=True)
+        with self.adapters.route([r.adapter for r in rows.reqs], self.cfg.device):
+            out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, None, None] if self.sdpa else mask,
+                             position_ids=rows.next_pos, past_key_values=rows.cache, use_cache=True)
         self.stats["forwards"] += 1  # decode steps and their rows: how full batches run
         self.stats["forward_rows"] += len(rows.reqs)
         rows.next_pos = rows.next_pos + 1
@@ -281,25 +310,28 @@ class DecodeBatch:
     @torch.inference_mode()
     def score(self, items: list[Any]) -> list[tuple[int, list[float]]]:
         """Prompt log-probs (the weights version, and each token's log-prob from ``first`` on)
-        of ``items`` (each with ``ids`` and ``first``): one forward over their tokens past their
-        kept prefixes (never past ``first - 1``: a kept prefix has keys and values, not logits)."""
-        version = self.version  # loads run on this thread too: none lands under the pass
+        of ``items`` (each with ``ids``, ``first`` and ``adapter``): one forward over their
+        tokens past their kept prefixes (never past ``first - 1``: a kept prefix has keys and
+        values, not logits)."""
+        # loads run on this thread too: none lands under the pass
+        versions = [self.version_of(it.adapter) for it in items]
         # exact: a log-prob over another version's keys is not this version's log-prob
-        reuse = [self.prefix.lookup(it.ids, version, it.first - 1, exact=True) for it in items]
+        reuse = [self.prefix.lookup(it.ids, v, it.first - 1, exact=True, space=it.adapter)
+                 for it, v in zip(items, versions)]
         keep = max(len(it.ids) - it.first + 1 for it in items)
-        out, mask, _ = self._extend([it.ids for it in items], reuse, keep)
+        out, mask, _ = self._extend([it.ids for it in items], reuse, keep, [it.adapter for it in items])
         for i, (it, (reused, _, _)) in enumerate(zip(items, reuse)):
             # A scorer's next row may extend this one (IG's next boundary): keep what this row
             # computed before its scored tokens, unless the cache already held (nearly) all of it
             if it.first - 1 - reused >= self.prefix.block:
-                self._keep_row(it.ids, out.past_key_values, mask, i, version)
+                self._keep_row(it.ids, out.past_key_values, mask, i, versions[i], it.adapter)
         logp = torch.log_softmax(out.logits.float(), dim=-1)  # the last ``keep`` positions
         results = []
         for i, it in enumerate(items):
             n = len(it.ids)  # position p's logits are at kept column keep - n + p
             cols = torch.arange(it.first - 1, n - 1, device=logp.device) + keep - n
             targets = torch.tensor(it.ids[it.first:], device=logp.device)
-            results.append((version, logp[i, cols].gather(-1, targets[:, None])[:, 0].tolist()))
+            results.append((versions[i], logp[i, cols].gather(-1, targets[:, None])[:, 0].tolist()))
         return results
 
     def busy_since(self, t0: float) -> float:

@@ -22,6 +22,11 @@ KV across an in-flight update; the log-probs the engine records are still those 
 distribution it sampled from. Exact lookups (prompt log-probs, IG's scorer) take only the
 current version's entries.
 
+Adapters. KV computed with a LoRA adapter (``rollout.engines.adapters``) is not the base
+model's, nor another adapter's: each entry belongs to a space (the adapter's name; None for the
+base model), lookups see only their own space's entries (the space seeds the block keys), and
+versions are counted per space (an adapter's version is its own).
+
 An entry another one extends (the same episode's earlier turn) is dropped when the longer one
 arrives, unless it is fresher: every lookup it could answer, the longer answers at least as
 well. At most ``max_bytes`` of KV are held, least recently used out first.
@@ -50,6 +55,8 @@ class _Entry:
     nbytes: int
     version: int
     """The oldest weights version that computed any of its KV."""
+    space: str | None
+    """The adapter that computed it (None: the base model)."""
 
 
 class Hit(NamedTuple):
@@ -71,7 +78,8 @@ class PrefixCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # oldest use first
         self._index: dict[int, set[int]] = {}
         """Block key -> the entries holding that chain of full blocks."""
-        self._version: int | None = None
+        self._versions: dict[str | None, int] = {}
+        """Space -> the newest version a lookup or entry of it named."""
         self._next_key = 0
         self.nbytes = 0
         self.stats = {"prefix_hits": 0.0, "prefix_reused_tokens": 0.0, "prefix_evicted": 0.0,
@@ -80,17 +88,19 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, ids: list[int], version: int, limit: int, exact: bool = False) -> Hit:
+    def lookup(self, ids: list[int], version: int, limit: int, exact: bool = False,
+               space: str | None = None) -> Hit:
         """The longest held prefix of ``ids`` that ``version`` may reuse (computed by it alone
         when ``exact``, else by it or up to ``max_age`` versions before), at most ``limit``
-        tokens and at least one block."""
-        self._on_version(version)
+        tokens and at least one block, in ``space`` (an adapter's name; None: the base model)."""
+        self._on_version(version, space)
         oldest = version if exact else version - self.max_age
         query = ids[:limit]
         found: set[int] = set()
         depth = 0
-        for key in _block_keys(query, self.block):
-            hit = {k for k in self._index.get(key, ()) if self._entries[k].version >= oldest}
+        for key in _block_keys(query, self.block, space):
+            hit = {k for k in self._index.get(key, ())
+                   if self._entries[k].version >= oldest and self._entries[k].space == space}
             if not hit:
                 break
             found, depth = hit, depth + 1
@@ -110,23 +120,25 @@ class PrefixCache:
             self.stats["prefix_stale_reused_tokens"] += best
         return Hit(best, [(k[:, :best], v[:, :best]) for k, v in entry.kv], entry.version)
 
-    def add(self, ids: list[int], kv: list[LayerKV], version: int, now: int | None = None) -> None:
+    def add(self, ids: list[int], kv: list[LayerKV], version: int, now: int | None = None,
+            space: str | None = None) -> None:
         """Hold ``kv`` (each ``[kv_heads, len(ids), head_dim]``, copied by the caller) for
-        ``ids``, ``version`` the oldest that computed any of it; entries it extends go (unless
-        fresher), then the least recently used while over budget. ``now``: the engine's version
-        (``version`` when not given)."""
-        self._on_version(version if now is None else now)
+        ``ids`` in ``space``, ``version`` the oldest that computed any of it; entries it extends
+        go (unless fresher), then the least recently used while over budget. ``now``: the
+        space's current version (``version`` when not given)."""
+        self._on_version(version if now is None else now, space)
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
-        if len(ids) < self.block or nbytes > self.max_bytes or not self.young_enough(version):
+        if len(ids) < self.block or nbytes > self.max_bytes or not self.young_enough(version, space):
             return
-        blocks = list(_block_keys(ids, self.block))
+        blocks = list(_block_keys(ids, self.block, space))
         extended = {key for b in blocks for key in self._index.get(b, ())}
         for key in extended:
             held = self._entries[key]
-            if len(held.ids) <= len(ids) and held.version <= version and held.ids == ids[:len(held.ids)]:
+            if (held.space == space and len(held.ids) <= len(ids) and held.version <= version
+                    and held.ids == ids[:len(held.ids)]):
                 self._drop(key)
         key, self._next_key = self._next_key, self._next_key + 1
-        self._entries[key] = _Entry(list(ids), kv, blocks, nbytes, version)
+        self._entries[key] = _Entry(list(ids), kv, blocks, nbytes, version, space)
         for b in blocks:
             self._index.setdefault(b, set()).add(key)
         self.nbytes += nbytes
@@ -134,19 +146,29 @@ class PrefixCache:
             self._drop(next(iter(self._entries)))
             self.stats["prefix_evicted"] += 1
 
-    def young_enough(self, version: int) -> bool:
-        """Whether KV of ``version`` may still be held (callers ask before copying it out)."""
-        return version >= self._oldest_kept()
+    def young_enough(self, version: int, space: str | None = None) -> bool:
+        """Whether KV of ``version`` in ``space`` may still be held (callers ask before
+        copying it out)."""
+        return version >= self._oldest_kept(space)
 
-    def _oldest_kept(self) -> int:
-        return -1 if self._version is None else self._version - self.max_age
+    def _oldest_kept(self, space: str | None) -> int:
+        newest = self._versions.get(space)
+        return -1 if newest is None else newest - self.max_age
 
-    def _on_version(self, version: int) -> None:
-        """A lookup by a newer version: entries too old for it go."""
-        if self._version is None or version > self._version:
-            self._version = version
-            for key in [k for k, e in self._entries.items() if e.version < self._oldest_kept()]:
+    def _on_version(self, version: int, space: str | None) -> None:
+        """A lookup by a newer version of ``space``: that space's entries too old for it go."""
+        newest = self._versions.get(space)
+        if newest is None or version > newest:
+            self._versions[space] = version
+            oldest = self._oldest_kept(space)
+            for key in [k for k, e in self._entries.items() if e.space == space and e.version < oldest]:
                 self._drop(key)
+
+    def drop_space(self, space: str) -> None:
+        """Forget an adapter's entries (it was unloaded)."""
+        self._versions.pop(space, None)
+        for key in [k for k, e in self._entries.items() if e.space == space]:
+            self._drop(key)
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
@@ -158,10 +180,10 @@ class PrefixCache:
                 del self._index[b]
 
 
-def _block_keys(ids: list[int], block: int) -> Iterator[int]:
-    """The key of each full block of ``ids``, chained: equal keys, equal tokens up to there
-    (but for hash collisions, which lookups check for)."""
-    key = 0
+def _block_keys(ids: list[int], block: int, space: str | None = None) -> Iterator[int]:
+    """The key of each full block of ``ids`` in ``space``, chained: equal keys, equal space
+    and tokens up to there (but for hash collisions, which lookups check for)."""
+    key = 0 if space is None else hash(space)
     for start in range(0, len(ids) - block + 1, block):
         key = hash((key, *ids[start:start + block]))
         yield key

@@ -100,9 +100,18 @@ class EngineServer:
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort(request_id)
 
-    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1,
+                              adapter: str | None = None) -> tuple[int, list[float]]:
         await self._started()
-        return await self.engine.prompt_logprobs(prompt_ids, first)
+        return await self.engine.prompt_logprobs(prompt_ids, first, adapter)
+
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        """Serve ``version`` of LoRA adapter ``name`` beside the others (``Engine.update_adapter``)."""
+        await self._started()
+        return await self.engine.update_adapter(name, version, handle, scale)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.engine.remove_adapter(name)
 
     async def pause(self) -> None:
         await self.engine.pause()

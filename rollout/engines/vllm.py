@@ -40,7 +40,7 @@ from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
 
 from rollout.config import VLLMEngineConfig
 from rollout.cores import thread_policy_env
-from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id
+from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id, refuse_adapter
 from rollout.engines.transport import (TIED_HEAD, BroadcastWeights, FileWeights, WeightHandle, check_fits, shapes_of,
                                        write_safetensors)
 
@@ -162,6 +162,7 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams as VSampling
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        refuse_adapter(self, params.adapter)
         eos = self._tokenizer.eos_token_id
         stops = sorted(set(params.stop_token_ids) | ({eos} if eos is not None else set()))
         # The grammar masks the logits before sampling: processed log-probs are the constrained ones.
@@ -274,7 +275,9 @@ class VLLMEngine(Engine):
         # The receiving end lives in vLLM's worker (where the weights are), not in this process.
         await self._on_loop(self._llm.collective_rpc("turnrl_join_broadcast", args=(dict(init),)))
 
-    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1) -> tuple[int, list[float]]:
+    async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1,
+                              adapter: str | None = None) -> tuple[int, list[float]]:
+        refuse_adapter(self, adapter)
         check_first(first, len(prompt_ids))
         version, lps = await self._on_loop(self._prompt_logprobs(list(prompt_ids)))
         return version, lps[first - 1:]  # vLLM scores the whole prompt (its prefix cache saves the KV)
