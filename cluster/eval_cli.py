@@ -57,12 +57,15 @@ def evaluate_checkpoint(cfg: Any, checkpoint: Path, show_progress: bool = True) 
 
     async def run() -> list[dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
-        with tqdm(total=len(tasks), desc="eval", unit="task", disable=not show_progress) as bar:
-            for done in asyncio.as_completed(
-                    [worker.score_task(t, cfg.eval.samples_per_task, params) for t in tasks]):
-                row = await done
-                rows[row["task_id"]] = row
-                bar.update(1)
+        try:
+            with tqdm(total=len(tasks), desc="eval", unit="task", disable=not show_progress) as bar:
+                for done in asyncio.as_completed(
+                        [worker.score_task(t, cfg.eval.samples_per_task, params) for t in tasks]):
+                    row = await done
+                    rows[row["task_id"]] = row
+                    bar.update(1)
+        finally:  # vLLM's engine left to its __del__ fails at interpreter exit
+            await engine.engine.close()
         return [rows[t.task_id] for t in tasks]
 
     return asyncio.run(run())
