@@ -1,7 +1,7 @@
 """LoRA adapters on the HF engine: what loading one costs against loading the whole model, and
 what serving several in one batch costs against serving the base, side by side in one run.
 
-    .venv/bin/python bench/adapters.py [--model tiny|smollm2] [--rank 16] [--rows 8]
+    .venv/bin/python bench/adapters.py [--quick] [--model tiny|smollm2] [--rank 16] [--rows 8]
                                        [--max-new-tokens 32] [--repeats 5]
 
 One in-process HF engine on the policy (``--model tiny``: the tiny bench policy of
@@ -128,12 +128,15 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="4 rows, 12 new tokens, 3 repeats")
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    if args.quick:
+        args.rows, args.max_new_tokens, args.repeats = 4, 12, 3
     torch.set_num_threads(2)
     asyncio.run(run(args))
 

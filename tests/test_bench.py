@@ -54,7 +54,8 @@ QUICKER = {"engines": ["--updates-on", "hf"]}
                                             ("group_prefill", "grouped / distinct"),
                                             ("learner", "ratio learner/plain"),
                                             ("sft", "shared prefix + cuts"),
-                                            ("stream_parse", "incremental / re-scan time (worst format)")])
+                                            ("stream_parse", "incremental / re-scan time (worst format)"),
+                                            ("adapters", "time ratio")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
