@@ -133,8 +133,13 @@ class Vigils:
         from cluster.actors import after_restart
 
         if service == "weights":
-            version = ray.get(self.actors.learner.leader.republish.options(concurrency_group="control").remote())
-            what = f"the learner published version {version} to it again"
+            try:
+                version = ray.get(self.actors.learner.leader.republish.options(concurrency_group="control").remote())
+                what = f"the learner published version {version} to it again"
+            except ray.exceptions.RayActorError:
+                # The learner died too, before this was seen: its own restart (the step's watch
+                # raises LearnerDied next) publishes its checkpoint's weights to the new sync.
+                what = "the learner died meanwhile; restarted, it publishes to it"
         else:
             what = "its groups were in Redis"
         after_restart(self.cfg, self.actors)
