@@ -120,8 +120,12 @@ def padding_cuts(lengths: list[int], parts: int) -> list[tuple[int, int]]:
 
 def _row_values(owner: np.ndarray, values: np.ndarray, offset: int, fill: float) -> torch.Tensor:
     """Per token: the value of the trained turn that owns it (``values[offset + turn]``), else
-    ``fill``."""
-    return torch.from_numpy(np.where(owner >= 0, values[offset + np.maximum(owner, 0)], fill))
+    ``fill``. Only owned tokens index ``values``: a trajectory with no turns (an episode that
+    failed before its first action) owns none, and may sit past the last turn's value."""
+    out = np.full(len(owner), fill, dtype=np.float64)
+    mine = owner >= 0
+    out[mine] = values[offset + owner[mine]]
+    return torch.from_numpy(out)
 
 
 def build_token_batch(

@@ -96,3 +96,16 @@ def test_padding_cuts_split_where_rows_pad_least() -> None:
     assert [a for a, _ in spans[1:]] == [b for _, b in spans[:-1]] and spans[0][0] == 0 and spans[-1][1] == 16
     padded = sum((b - a) * lengths[b - 1] for a, b in spans)
     assert padded == min(k * lengths[k - 1] + (16 - k) * lengths[-1] for k in range(1, 17))
+
+
+def test_a_trajectory_with_no_turns_trains_nothing_and_breaks_nothing() -> None:
+    # An episode that failed before its first action (its engine died) has a prompt and no
+    # turns; last in a batch, nothing of it may index the turn arrays past their end.
+    traj, empty = make_traj(), make_traj()
+    empty.turns = []
+    tb = build_token_batch([traj, empty], np.array([0.5, -1.0]), np.array([True, True]), pad_id=0)
+    assert tb.loss_mask[1].sum().item() == 0 and tb.advantages[1].abs().sum().item() == 0
+    assert (tb.turn_ids[1] == -1).all()
+    torch.testing.assert_close(tb.loss_mask[0], torch.tensor([0, 0, 1, 1, 0, 0, 0, 1.0]))
+    tb = build_token_batch([empty], np.zeros(0), np.zeros(0, dtype=bool), pad_id=0)
+    assert tb.num_tokens == 0.0
