@@ -21,6 +21,8 @@ def final_report(cfg: RunConfig, run_dir: Path, before: dict[str, float], after:
               "ci95": [diff.low, diff.high], "excludes_zero": diff.excludes_zero,
               "temperature": cfg.eval.temperature, "samples_per_task": cfg.eval.samples_per_task}
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    # per task, as eval_before.json: per-category or per-task comparisons need both sides
+    (run_dir / "eval_after.json").write_text(json.dumps(after))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists() and metrics.stat().st_size:
         trained = sum(r.get("samples", 0.0) for r in read_metrics(metrics))

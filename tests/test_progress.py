@@ -45,3 +45,16 @@ def test_curves_png_has_three_panels_from_the_metrics(tmp_path) -> None:
     turns, _, invalid, _ = behaviour.get_lines()  # raw and mean per series
     assert turns.get_ydata()[-1] == pytest.approx(1.5 + 19 / 40) and set(invalid.get_ydata()) == {0.1}
     plt.close(fig)
+
+
+def test_final_report_writes_the_paired_comparison_and_each_side_per_task(tmp_path) -> None:
+    from cluster.config import load_config
+    from cluster.reporting import final_report
+
+    before, after = {"t1": 0.0, "t2": 1.0, "t3": 0.0}, {"t1": 1.0, "t2": 1.0, "t3": 1.0}
+    said: list[str] = []
+    report = final_report(load_config(None, []), tmp_path, before, after, said.append)
+    assert report["tasks"] == 3 and report["before"] == pytest.approx(1 / 3) and report["after"] == 1.0
+    assert json.loads((tmp_path / "eval.json").read_text())["diff"] == pytest.approx(2 / 3)
+    assert json.loads((tmp_path / "eval_after.json").read_text()) == after
+    assert said and "paired bootstrap 95% CI" in said[0]
