@@ -136,12 +136,16 @@ class HFEngine(Engine):
         with self._staged_lock:
             if self._staged is None or version > self._staged[1]:
                 self._staged = (state, version)
-        while self._waiting_for(version):
+        await self._until_loaded(lambda: self._waiting_for(version))
+        return self._batch.version
+
+    async def _until_loaded(self, staged: Any) -> None:
+        """Wait while ``staged()`` says what was staged has not loaded yet."""
+        while staged():
             if not self._decodes:  # idle: loaded on the decode thread before any batch queued later
                 await self._load_staged()
             else:  # loaded at the batch's next step boundary, or here once it has ended
                 await asyncio.sleep(_PAUSE_POLL_S)
-        return self._batch.version
 
     async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
         """Serve ``version`` of adapter ``name`` (``<module>.lora_A/B.weight`` tensors from
@@ -158,11 +162,7 @@ class HFEngine(Engine):
             staged = self._staged_adapters.get(name)
             if staged is None or version > staged.version:
                 self._staged_adapters[name] = Adapter(name, version, float(scale), layers)
-        while name in self._staged_adapters or self._staged_lock.locked():
-            if not self._decodes:
-                await self._load_staged()
-            else:
-                await asyncio.sleep(_PAUSE_POLL_S)
+        await self._until_loaded(lambda: name in self._staged_adapters or self._staged_lock.locked())
         self._stats["adapter_loads"] += 1
         return self._batch.adapters.version(name)
 

@@ -234,8 +234,8 @@ class DecodeBatch:
     def _extend(self, prompts: list[list[int]], reuse: list[Hit], keep: int,
                 adapters: list[str | None]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """One forward pass over each prompt's tokens past its reused prefix (``reuse[i]``: its
-        length r and KV), row i with adapter ``adapters[i]``; the output (logits of the last ``keep`` positions), the cache's
-        padding mask and the new tokens' positions.
+        length r and KV), row i with adapter ``adapters[i]``; the output (logits of the last
+        ``keep`` positions), the cache's padding mask and the new tokens' positions.
 
         Row i is laid out ``[left padding | r reused | padding | the s new tokens]``: the reused
         KV left-padded to the longest reuse R, the new tokens right-aligned in a block as wide
