@@ -190,7 +190,7 @@ def start_engines(cfg: RunConfig, policy_path: str, run_id: str) -> list[Any]:
     import ray
 
     from cluster.telemetry import instrument
-    from cluster.weight_sync import weight_sync_name
+    from cluster.weight_sync import run_adapter, weight_sync_name
     from rollout.engines.server import EngineServer
     from rollout.ports import WeightSyncSource
 
@@ -200,8 +200,8 @@ def start_engines(cfg: RunConfig, policy_path: str, run_id: str) -> list[Any]:
     actor = ray.remote(instrument(EngineServer, "engine")).options(
         num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources, max_concurrency=eng.max_concurrency,
         max_restarts=restarts, max_task_retries=0)
-    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, WeightSyncSource(weight_sync_name(run_id)),
-                         restarted_by_ray=True)
+    source = WeightSyncSource(weight_sync_name(run_id), run_adapter(cfg, run_id))
+    return [actor.remote(eng, policy_path, cfg.train.seed * 1000 + i, source, restarted_by_ray=True)
             for i in range(eng.count)]
 
 
@@ -228,8 +228,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     from learner.worker import LearnerWorker
     from replay.host import ACTOR_THREADS, ReplayHost
     from cluster.reward_service import start_reward_service, start_scorers
-    from cluster.weight_sync import form_weight_group, start_weight_sync
-    from rollout.engines.client import RayEngineClient
+    from cluster.weight_sync import form_weight_group, run_adapter, start_weight_sync
+    from rollout.engines.client import AdapterClient, RayEngineClient
     from rollout.ports import ActorEnvPort, ActorPorts
     from rollout.worker import RolloutWorker
     from cluster.telemetry import instrument
@@ -248,6 +248,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
     engines = start_engines(cfg, str(policy_path), run_id)
     client = RayEngineClient(engines, str(policy_path))
+    if (adapter := run_adapter(cfg, run_id)) is not None:  # every request of the run names it
+        client = AdapterClient(client, adapter)
     scorers = start_scorers(cfg, str(policy_path))
     reward = start_reward_service(cfg, replay, str(policy_path), client, scorers)
     weights = start_weight_sync(cfg, run_id, engines, scorers, replay)
@@ -280,6 +282,8 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         wait_ready([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
                     *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]], cfg.progress == "bar")
         form_weight_group(started)
+        if adapter is not None:  # its version 0, which the learner published as it started
+            learner.get("settle_weights")
         pin(rollouts, cfg.rollout.cpu_affinity, "rollout.cpu_affinity")
         pin_services(cfg, started)
         if cfg.live.enabled:

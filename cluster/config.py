@@ -158,6 +158,21 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _adapters_are_served(self) -> "RunConfig":
+        lora, ig = self.learner.lora, self.rewards.ig
+        if lora is None or lora.publish != "adapter":
+            return self
+        if self.rollout.engine.type != "hf":
+            raise ValueError(f"learner.lora.publish=adapter needs engines that serve LoRA adapters, but "
+                             f"rollout.engine.type={self.rollout.engine.type!r} serves none here: set "
+                             "rollout.engine.type=hf, or learner.lora.publish=merged")
+        if ig is not None and ig.scorer == "model":
+            raise ValueError("learner.lora.publish=adapter publishes the adapter alone, but rewards.ig.scorer="
+                             "model scores with whole weights: set rewards.ig.scorer=engine (scored by the "
+                             "engines, with the adapter), or learner.lora.publish=merged")
+        return self
+
+    @model_validator(mode="after")
     def _live_source_is_served(self) -> "RunConfig":
         if self.train.source == "rollout":
             return self

@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import RunConfig
+from rollout.engines.base import AdapterSpec
 
 if TYPE_CHECKING:
     from cluster.actors import RunActors
@@ -24,19 +25,33 @@ def weight_sync_name(run_id: str) -> str:
     return f"weights-{run_id}"
 
 
+def run_adapter(cfg: RunConfig, run_id: str) -> AdapterSpec | None:
+    """The adapter a LoRA run publishes (``learner.lora.publish: adapter``), named for the run:
+    what its engines load each version of and every request of the run names. None when the
+    run publishes whole weights."""
+    lora = cfg.learner.lora
+    if lora is None or lora.publish != "adapter":
+        return None
+    return AdapterSpec(name=run_id, scale=lora.alpha / lora.rank)
+
+
 class ActorWeightTarget:
     """An engine or model scorer actor as a ``learner.weights.WeightTarget``. A process that
     died takes no version (None) when Ray restarts it (``restarted``): it catches up before it
     serves (an engine from the sync; a scorer at the next version). Without restarts (engines
     on the broadcast transport) the push fails, and the driver names the dead engine."""
 
-    def __init__(self, handle: Any, restarted: bool) -> None:
-        self.handle, self.restarted = handle, restarted
+    def __init__(self, handle: Any, restarted: bool, adapter: "AdapterSpec | None" = None) -> None:
+        self.handle, self.restarted, self.adapter = handle, restarted, adapter
 
     async def update_weights(self, version: int, handle: Any) -> int | None:
+        """``version`` into the actor: whole weights, or a version of the run's adapter
+        (``adapter``) that the engine serves beside the others it holds."""
         import ray
 
         try:
+            if self.adapter is not None:
+                return await self.handle.update_adapter.remote(self.adapter.name, version, handle, self.adapter.scale)
             return await self.handle.update_weights.remote(version, handle)
         except ray.exceptions.RayActorError as exc:
             if not self.restarted:
@@ -64,9 +79,10 @@ def start_weight_sync(cfg: RunConfig, run_id: str, engines: list[Any], scorers: 
     from learner.weights import WeightSync
 
     engine_restarts = cfg.rollout.weights.transport != "broadcast" and cfg.rollout.engine.max_restarts > 0
+    adapter = run_adapter(cfg, run_id)
     return ray.remote(WeightSync).options(
         num_cpus=0, resources=cfg.cluster.service_resources, name=weight_sync_name(run_id),
-        **service_restarts(cfg)).remote([ActorWeightTarget(e, engine_restarts) for e in engines],
+        **service_restarts(cfg)).remote([ActorWeightTarget(e, engine_restarts, adapter) for e in engines],
                                         [ActorWeightTarget(s, True) for s in scorers], ActorReplayAck(replay))
 
 

@@ -117,6 +117,13 @@ class LoRAConfig(BaseModel):
     learner builds it, listing the model's linear module names). Default: every attention and
     MLP projection of a Llama- or Qwen2-style block."""
 
+    publish: Literal["adapter", "merged"] = "adapter"
+    """What the learner publishes each version: ``adapter``, only the adapter's tensors, which
+    engines serve beside the base (``rollout/engines/adapters.py``; every request of the run
+    names the run's adapter; kilobytes to megabytes a version, not the model); ``merged``, the
+    whole model with the adapter folded in, for engines that serve no adapters (vLLM here) and
+    for model scorers that score with the policy's weights (``rewards.ig.scorer: model``)."""
+
     @model_validator(mode="after")
     def _unique_targets(self) -> "LoRAConfig":
         dupes = sorted({t for t in self.target_modules if self.target_modules.count(t) > 1})

@@ -12,7 +12,7 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -124,19 +124,24 @@ def init_engine(model: torch.nn.Module, cfg: LearnerConfig, micro_batches: int, 
     return engine
 
 
-def full_state_dict(engine: Any, gather_to_all: bool = True) -> dict[str, torch.Tensor] | None:
+def full_state_dict(engine: Any, gather_to_all: bool = True,
+                    only: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor] | None:
     """Complete fp32 CPU weights, gathering ZeRO-3 partitions when needed (a collective: every
-    rank calls it). With ``gather_to_all`` False only rank 0 gets them; other ranks get None."""
+    rank calls it). With ``gather_to_all`` False only rank 0 gets them; other ranks get None.
+    ``only``: the names to take (a LoRA run's adapter), copied and gathered alone."""
     module = engine.module
     keep = gather_to_all or torch.distributed.get_rank() == 0
+    wanted = only or (lambda _name: True)
 
     def copy() -> dict[str, torch.Tensor] | None:
-        return ({k: v.detach().to("cpu", torch.float32).clone() for k, v in module.state_dict().items()}
+        return ({k: v.detach().to("cpu", torch.float32).clone() for k, v in module.state_dict().items() if wanted(k)}
                 if keep else None)
 
     if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        params = [p for name, p in module.named_parameters() if wanted(name)]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return copy()
+    return copy()
     return copy()

@@ -84,6 +84,11 @@ def merged_state(state: Mapping[str, torch.Tensor], cfg: LoRAConfig) -> dict[str
     return out
 
 
+def is_adapter_tensor(name: str) -> bool:
+    """A ``PeftModel`` state-dict name of the run's adapter (``...lora_A.default.weight``)."""
+    return name.endswith((f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"))
+
+
 def adapter_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors alone from a ``PeftModel``'s state dict, under the base model's
     module names (``<module>.lora_A.weight``, ``<module>.lora_B.weight``): what an engine

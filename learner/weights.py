@@ -137,8 +137,9 @@ class WeightSync:
         self.engines, self.scorers, self.replay = list(engines), list(scorers), replay
         self._latest: tuple[int, WeightHandle | None] = (0, None)
         """(version, handle), replaced whole: readers never see one without the other."""
-        self._served = 0
-        """The newest version every engine and scorer serves."""
+        self._served = -1
+        """The newest version every engine and scorer serves (-1: none pushed yet; a LoRA run's
+        adapter is pushed from version 0, its first, which engines must load before serving)."""
         self._pushing = asyncio.Lock()  # binds to a loop at first use (Python >= 3.10), not here
         self._counts = {"pushes": 0, "push_s": 0.0, "acks": 0, "lost_targets": 0}
 
@@ -147,7 +148,7 @@ class WeightSync:
         """Push ``version`` to every engine and scorer, then ``ack`` = (claim id, commit) the
         batch it was trained on; returns the newest version they all serve. An older version
         (a republish racing a publish) only re-acks: targets serve nothing older than they have."""
-        if version > self._latest[0]:  # before the push: an engine restarting meanwhile loads it
+        if self._latest[1] is None or version > self._latest[0]:  # before the push: a restarting engine loads it
             self._latest = (version, handle)
         async with self._pushing:
             if version > self._served:

@@ -122,6 +122,8 @@ class LearnerWorker:
         if version_floor:
             self.version = max(self.version, version_floor) + 1
         self.trained_log = self.run_dir / "trained_groups.jsonl"
+        self._published_mb = 0.0
+        """Size of the last state dict published (rank 0): the model, or a LoRA run's adapter."""
         if state:
             # a LoRA checkpoint's module state is the adapter alone (the base is model_path's)
             self.ds_engine.load_checkpoint(str(self.run_dir / "ds_checkpoint"), tag=state["ds_tag"],
@@ -131,6 +133,8 @@ class LearnerWorker:
         if state or version_floor:
             if self.rank == 0:
                 keep_steps_through(self.trained_log, self.step)  # later steps are trained again
+        if state or version_floor or self._publishes_adapter:
+            # engines serve a LoRA run's requests only with its adapter loaded: version 0 too
             self._publish()
 
     # -- one step ------------------------------------------------------------------------
@@ -156,7 +160,7 @@ class LearnerWorker:
         if self.live_groups:  # the live share this step went without (live_shortfall: train_rollouts)
             metrics["live/sessions_missing"] = self.live_groups - metrics["live/trained_sessions"]
         metrics |= {"step": self.step, "version": self.version, "time/wait_s": t1 - t0,
-                    "time/update_s": t2 - t1, "time/publish_s": t3 - t2,
+                    "time/update_s": t2 - t1, "time/publish_s": t3 - t2, "weights/published_mb": self._published_mb,
                     "time/step_s": time.perf_counter() - t0}
         return metrics
 
@@ -207,11 +211,19 @@ class LearnerWorker:
     def _publish(self, ack: tuple[str, bool] | None = None) -> None:
         """The current weights to the weight sync (gathered on every rank under ZeRO-3, sent
         by rank 0), which acknowledges ``ack`` = (claim id, commit) once engines serve them."""
-        state = full_state_dict(self.ds_engine, gather_to_all=False)
+        only = lora.is_adapter_tensor if self._publishes_adapter else None
+        state = full_state_dict(self.ds_engine, gather_to_all=False, only=only)
         if self.rank == 0:
-            if self.cfg.lora is not None:  # engines load whole weights under the base's names
+            if self._publishes_adapter:
+                state = lora.adapter_state(state)
+            elif self.cfg.lora is not None:  # engines load whole weights under the base's names
                 state = lora.merged_state(state, self.cfg.lora)
+            self._published_mb = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
             self.ports.publish(self.version, state, ack)
+
+    @property
+    def _publishes_adapter(self) -> bool:
+        return self.cfg.lora is not None and self.cfg.lora.publish == "adapter"
 
     def republish(self) -> int:
         """Rank 0: the last published weights to the weight sync again (the driver calls it

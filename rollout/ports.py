@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from envs.formats import DEFAULT_FORMAT
 from envs.base import Observation, StepResult, Task
+from rollout.engines.base import AdapterSpec
 from rollout.engines.transport import WeightHandle
 from rollout.trajectory import Group
 
@@ -53,16 +54,18 @@ class ActorPorts:
 
 class WeightSyncSource:
     """The learner's weight sync (``learner.weights.WeightSync``) as a restarted engine's
-    ``catch_up`` source: the newest (version, handle), loaded once before the engine serves.
+    ``catch_up`` source: the newest (version, handle), loaded once before the engine serves
+    (as a version of ``adapter`` for a LoRA run that publishes its adapter alone).
     Found by its actor name on first use: an engine actor built with a name rather than a
     handle holds nothing in the object store that Ray would need to start it again."""
 
-    def __init__(self, sync_name: str) -> None:
-        self.sync_name = sync_name
+    def __init__(self, sync_name: str, adapter: AdapterSpec | None = None) -> None:
+        self.sync_name, self.adapter = sync_name, adapter
+        """``adapter``: the sync publishes versions of this LoRA adapter, not whole weights."""
         self._sync: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"sync_name": self.sync_name, "_sync": None}
+        return {"sync_name": self.sync_name, "adapter": self.adapter, "_sync": None}
 
     async def latest(self) -> tuple[int, WeightHandle] | None:
         if self._sync is None:

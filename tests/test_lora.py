@@ -117,15 +117,19 @@ def trained(tiny_policy, tmp_path_factory):
     tokens = torch.tensor([[5, 6, 7, 8, 20, 30, 40, 50, 60]])
     with own_process_group():
         for stage in (0, 2):
+            # ZeRO 0 publishes the adapter alone (the default), ZeRO 2 the merged weights
+            lora = {"rank": 4, "alpha": 16.0, "publish": "adapter" if stage == 0 else "merged"}
             cfg = LearnerConfig(batch_groups=2, micro_batch_size=8, lr=5e-2, zero_stage=stage, ppo_epochs=2,
-                                loss={"type": "ppo", "kl_coef": 0.1}, lora={"rank": 4, "alpha": 16.0})
+                                loss={"type": "ppo", "kl_coef": 0.1}, lora=lora)
             run_dir = tmp_path_factory.mktemp(f"lora_zero{stage}")
+            ports.published = None
             worker = LearnerWorker(cfg, policy, str(run_dir), ports, group_size=2, temperature=1.0)
             module = worker.ds_engine.module
             opt = getattr(worker.ds_engine.optimizer, "optimizer", worker.ds_engine.optimizer)
             res = {"cfg": cfg, "before": _snapshot(module), "metrics": worker._update(_trajectories()),
                    "trainable": {n: p.numel() for n, p in module.named_parameters() if p.requires_grad},
-                   "optimizer_numel": sum(p.numel() for g in opt.param_groups for p in g["params"])}
+                   "optimizer_numel": sum(p.numel() for g in opt.param_groups for p in g["params"]),
+                   "first_published": ports.published}
             res["after"] = _snapshot(module)
             module.eval()
             with torch.no_grad():
@@ -162,6 +166,22 @@ def test_only_adapters_train_and_the_base_stays_bit_for_bit(trained, stage) -> N
 
 
 @pytest.mark.slow
+def test_a_learner_publishing_its_adapter_publishes_version_0_as_it_starts(trained) -> None:
+    """``publish: adapter``: engines serve a run's requests only with its adapter loaded, so
+    a fresh learner publishes it at once (B = 0: the base's outputs), the adapter's tensors
+    alone under the base's module names; one publishing merged weights waits for its first step."""
+    from learner.lora import adapter_state
+
+    _, _, runs = trained
+    version, published = runs[0]["first_published"]
+    assert version == 0 and set(published) == set(adapter_state(runs[0]["before"]))
+    assert len(published) == 28 and sum(t.numel() for t in published.values()) == 8704
+    q_b = "model.layers.0.self_attn.q_proj.lora_B.weight"
+    assert not published[q_b].any()  # peft starts B at 0
+    assert runs[2]["first_published"] is None
+
+
+@pytest.mark.slow
 def test_the_kl_reference_is_the_base(trained) -> None:
     """B starts at 0, so the first step's policy is the base: its KL is 0; after training the
     reference (adapters disabled) still gives the base model's own logits."""
@@ -188,7 +208,8 @@ def test_checkpoint_holds_the_adapter_and_names_the_base(trained, tmp_path) -> N
     assert "model.safetensors" not in names and "config.json" not in names
     marker = json.loads((ckpt / "turnrl_lora.json").read_text())
     assert marker["base"] == str(Path(policy).resolve())
-    assert marker["lora"] == {"rank": 4, "alpha": 16.0, "dropout": 0.0, "target_modules": LoRAConfig().target_modules}
+    assert marker["lora"] == {"rank": 4, "alpha": 16.0, "dropout": 0.0, "target_modules": LoRAConfig().target_modules,
+                              "publish": "merged"}
     adapter = load_file(ckpt / "adapter_model.safetensors")
     assert len(adapter) == 28 and all(".lora_" in k for k in adapter)
     trained_b = runs[2]["after"]["base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"]

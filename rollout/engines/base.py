@@ -56,6 +56,15 @@ class SamplingParams:
         return replace(self, seed=(self.seed + i) % SEED_RANGE)
 
 
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A LoRA adapter as engines serve it: its name (what requests name) and its scale
+    (``alpha / rank``, applied to ``B A``)."""
+
+    name: str
+    scale: float
+
+
 @dataclass
 class Completion:
     request_id: str

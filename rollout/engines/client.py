@@ -3,7 +3,8 @@
 ``LocalEngineClient`` wraps an engine in the same process (tests, benches, single-process
 tools). ``RayEngineClient`` spreads requests over a group of engine actors
 (``rollout.engines.server.EngineServer``): least outstanding requests first, and one engine per
-live session so its requests reuse that engine (prefix caches, vLLM's included). Control calls
+live session so its requests reuse that engine (prefix caches, vLLM's included).
+``AdapterClient`` is a LoRA run's view of either: every request names the run's adapter. Control calls
 (pause, resume, update_weights) go to every engine of the group; in a run the weight sync pushes
 to each engine actor itself (a push one dead engine fails must still reach the others). The
 client never imports Ray: it calls ``.remote`` on the handles it was given.
@@ -14,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import zlib
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
-from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, new_request_id
+from rollout.engines.base import AdapterSpec, Chunk, Completion, Engine, SamplingParams, new_request_id
 from rollout.engines.transport import WeightHandle
 
 
@@ -266,3 +268,77 @@ class RayEngineClient(EngineClient):
 
     async def features(self) -> frozenset[str]:
         return frozenset(await self.handles[0].features.remote())
+
+
+class AdapterClient(EngineClient):
+    """A LoRA run's view of an engine group that serves adapters: every request it sends names
+    the run's adapter (``SamplingParams.adapter``; prompt log-probs too), so rollout workers,
+    evaluation, IG scoring and the live endpoint reach the run's policy, base plus adapter,
+    without knowing it is one. ``version`` is the adapter's (the learner's versions);
+    ``update_weights`` loads a version of the adapter (what the learner publishes is the
+    adapter's tensors). Picklable when ``inner`` is."""
+
+    def __init__(self, inner: EngineClient, adapter: AdapterSpec) -> None:
+        self.inner, self.adapter = inner, adapter
+        self._version = 0
+
+    def _name(self, asked: str | None) -> str:
+        if asked not in (None, self.adapter.name):
+            raise ValueError(f"a request names adapter {asked!r} through the client of adapter "
+                             f"{self.adapter.name!r}")
+        return self.adapter.name
+
+    def _named(self, params: SamplingParams) -> SamplingParams:
+        return replace(params, adapter=self._name(params.adapter))
+
+    def _seen(self, version: int) -> None:
+        self._version = max(self._version, version)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids, params, request_id=None, session_id=None) -> Completion:
+        done = await self.inner.generate(prompt_ids, self._named(params), request_id, session_id)
+        self._seen(done.version_spans[-1][1])
+        return done
+
+    async def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
+        async for chunk in self.inner.stream(prompt_ids, self._named(params), request_id, session_id):
+            self._seen(chunk.version)
+            yield chunk
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.inner.abort(request_id)
+
+    async def prompt_logprobs(self, prompt_ids, session_id=None, first=1, adapter=None) -> tuple[int, list[float]]:
+        version, lps = await self.inner.prompt_logprobs(prompt_ids, session_id, first, self._name(adapter))
+        self._seen(version)
+        return version, lps
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        low = await self.inner.update_adapter(self.adapter.name, version, handle, self.adapter.scale)
+        self._seen(low)
+        return low
+
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        return await self.inner.update_adapter(name, version, handle, scale)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.inner.remove_adapter(name)
+
+    async def stats(self) -> list[dict[str, float]]:
+        return await self.inner.stats()
+
+    async def features(self) -> frozenset[str]:
+        return await self.inner.features()

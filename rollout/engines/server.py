@@ -5,7 +5,7 @@ abort, pause, resume, update_weights). New weights are pushed to it (``update_we
 learner's weight sync, ``learner.weights.WeightSync``); it never polls. An engine actor that Ray
 started again after a crash catches up first: before it serves anything it loads the newest
 version from its ``catch_up`` source (``async latest() -> (version, WeightHandle) | None``, the
-weight sync found by name). On the broadcast transport the driver has every engine join the
+weight sync found by name; with an ``adapter`` attribute, a version of that LoRA adapter). On the broadcast transport the driver has every engine join the
 learner's group once, at the run's start (``join_weight_group``).
 Clients reach a group of these through ``rollout.engines.client.RayEngineClient``.
 """
@@ -62,7 +62,10 @@ class EngineServer:
     async def _restart(self) -> None:
         await self.start()
         got = await self.catch_up.latest() if self.catch_up is not None else None
-        if got is not None:
+        adapter = getattr(self.catch_up, "adapter", None)
+        if got is not None and adapter is not None:
+            await self.engine.update_adapter(adapter.name, *got, adapter.scale)
+        elif got is not None:
             await self.engine.update_weights(*got)
         log.warning("engine: started again (a restarted actor), serving version %d", self.engine.version)
 
