@@ -162,10 +162,14 @@ class RunConfig(BaseModel):
         lora, ig = self.learner.lora, self.rewards.ig
         if lora is None or lora.publish != "adapter":
             return self
-        if self.rollout.engine.type != "hf":
-            raise ValueError(f"learner.lora.publish=adapter needs engines that serve LoRA adapters, but "
-                             f"rollout.engine.type={self.rollout.engine.type!r} serves none here: set "
-                             "rollout.engine.type=hf, or learner.lora.publish=merged")
+        engine = self.rollout.engine
+        if engine.type == "vllm" and not engine.max_loras:
+            raise ValueError("learner.lora.publish=adapter needs engines that serve LoRA adapters, but "
+                             "rollout.engine.max_loras=0 turns vLLM's off: set rollout.engine.max_loras=1 (or "
+                             "more), or learner.lora.publish=merged")
+        if engine.type == "vllm" and lora.rank > engine.max_lora_rank:
+            raise ValueError(f"learner.lora.rank={lora.rank} is above rollout.engine.max_lora_rank="
+                             f"{engine.max_lora_rank}, the highest rank the vLLM engine serves: raise it")
         if ig is not None and ig.scorer == "model":
             raise ValueError("learner.lora.publish=adapter publishes the adapter alone, but rewards.ig.scorer="
                              "model scores with whole weights: set rewards.ig.scorer=engine (scored by the "

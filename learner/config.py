@@ -120,9 +120,10 @@ class LoRAConfig(BaseModel):
     publish: Literal["adapter", "merged"] = "adapter"
     """What the learner publishes each version: ``adapter``, only the adapter's tensors, which
     engines serve beside the base (``rollout/engines/adapters.py``; every request of the run
-    names the run's adapter; kilobytes to megabytes a version, not the model); ``merged``, the
-    whole model with the adapter folded in, for engines that serve no adapters (vLLM here) and
-    for model scorers that score with the policy's weights (``rewards.ig.scorer: model``)."""
+    names the run's adapter; kilobytes to megabytes a version, not the model; a vLLM engine
+    needs ``rollout.engine.max_loras`` >= 1); ``merged``, the whole model with the adapter
+    folded in, for engines that serve no adapters and for model scorers that score with the
+    policy's weights (``rewards.ig.scorer: model``)."""
 
     @model_validator(mode="after")
     def _unique_targets(self) -> "LoRAConfig":

@@ -153,6 +153,12 @@ class VLLMEngineConfig(EngineGroupConfig):
     enforce_eager: bool = True
     """Run the model eagerly (no CUDA graphs / torch.compile): starts in seconds; turn off on
     GPUs for faster decoding at the cost of a slower start."""
+    max_loras: int = Field(0, ge=0)
+    """LoRA adapters decoded in one batch (vLLM's multi-LoRA ``max_loras``); 0 turns adapters
+    off (requests naming one are refused). An adapter being replaced by a new version holds
+    two slots until its old version's requests end, so give each adapter served two."""
+    max_lora_rank: int = Field(16, ge=1)
+    """Highest adapter rank the engine accepts (vLLM sizes its LoRA buffers for it)."""
 
     def gpus_per_engine(self) -> float:
         """GPUs one engine counts against a tenant's quota: its ``num_gpus``, and at least its

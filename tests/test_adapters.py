@@ -25,6 +25,7 @@ from rollout.config import HFEngineConfig
 from rollout.engines.base import SamplingParams
 from rollout.engines.hf import HFEngine
 from rollout.engines.transport import InMemoryWeights
+from tests.lora_fixtures import random_adapter
 
 LORA = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 SCALE = LORA.alpha / LORA.rank
@@ -32,26 +33,9 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
 NAMES = ["a1", "a2", "a3"]
 
 
-def _lora(policy: str, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(adapter tensors as an engine loads them, the merged full state) of a fresh peft adapter
-    with random B (peft starts B at 0: the base model)."""
-    from transformers import AutoModelForCausalLM
-
-    from learner.lora import adapter_state, merged_state, wrap
-
-    torch.manual_seed(seed)
-    peft = wrap(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), LORA)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.3)
-    state = {k: v.detach().clone() for k, v in peft.state_dict().items()}
-    return adapter_state(state), merged_state(state, LORA)
-
-
 @pytest.fixture(scope="module")
 def loras(tiny_policy) -> dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-    return {name: _lora(tiny_policy[0], seed) for seed, name in enumerate(NAMES + ["a2-v2"])}
+    return {name: random_adapter(tiny_policy[0], LORA, seed) for seed, name in enumerate(NAMES + ["a2-v2"])}
 
 
 def _engine(policy: str) -> HFEngine:

@@ -22,24 +22,14 @@ from learner.config import LoRAConfig
 from rollout.config import HFEngineConfig
 from rollout.engines.base import AdapterSpec, SamplingParams
 from rollout.engines.transport import InMemoryWeights
+from tests.lora_fixtures import random_adapter
 
 LORA = LoRAConfig(rank=4, alpha=8)
 SPEC = AdapterSpec("run-a", LORA.alpha / LORA.rank)
 
 
 def _adapter(policy: str, seed: int) -> dict[str, torch.Tensor]:
-    """A peft adapter of the policy with random B (so it changes the model), as engines load it."""
-    from transformers import AutoModelForCausalLM
-
-    from learner.lora import adapter_state, wrap
-
-    torch.manual_seed(seed)
-    peft = wrap(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), LORA)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.3)
-    return adapter_state({k: v.detach().clone() for k, v in peft.state_dict().items()})
+    return random_adapter(policy, LORA, seed)[0]
 
 
 def _server(policy: str, **kw):
@@ -105,8 +95,11 @@ def test_an_engine_started_again_catches_up_the_adapter_before_it_serves(tiny_po
 def test_adapters_where_they_cannot_be_served_are_refused_naming_the_fields() -> None:
     from cluster.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="rollout.engine.type='vllm' serves none here.*learner.lora.publish=merged"):
+    with pytest.raises(ConfigError, match="rollout.engine.max_loras=0 turns vLLM's off.*learner.lora.publish=merged"):
         load_config(None, ["learner.lora={rank: 4}", "rollout.engine.type=vllm"])
+    with pytest.raises(ConfigError, match="learner.lora.rank=32 is above rollout.engine.max_lora_rank=16"):
+        load_config(None, ["learner.lora={rank: 32}", "rollout.engine={type: vllm, max_loras: 1}"])
+    assert load_config(None, ["learner.lora={rank: 4}", "rollout.engine={type: vllm, max_loras: 1}"])
     with pytest.raises(ConfigError, match="rewards.ig.scorer=model scores with whole weights"):
         load_config(None, ["learner.lora={rank: 4}", "rewards.ig={scorer: model}"])
     assert load_config(None, ["learner.lora={rank: 4, publish: merged}", "rollout.engine.type=vllm"])

@@ -64,6 +64,18 @@ def adapter_layers(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.T
     return layers
 
 
+def check_layer(module: str, a: torch.Tensor, b: torch.Tensor, weight: tuple[int, ...] | None) -> None:
+    """The one rule for "does this adapter layer fit the model": ``module`` is a linear layer
+    (``weight``: its ``[out, in]`` shape; None: no such layer) and A ``[rank, in]``, B
+    ``[out, rank]`` fit it."""
+    if weight is None or len(weight) != 2:
+        raise ValueError(f"adapter layer {module!r} is not a linear layer of the engine's model")
+    out_f, in_f = weight
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_f or b.shape[0] != out_f or a.shape[0] != b.shape[1]:
+        raise ValueError(f"adapter layer {module!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do "
+                         f"not fit a {in_f} -> {out_f} layer (A [rank, {in_f}], B [{out_f}, rank])")
+
+
 class AdapterTable:
     """The adapters resident on ``model``, and the hooks that apply them row by row (decode
     thread only, as every forward pass)."""
@@ -88,12 +100,7 @@ class AdapterTable:
         is not a linear layer of it, or shapes that do not match that layer's."""
         for module, (a, b) in layers.items():
             linear = self._modules.get(module)
-            if not isinstance(linear, torch.nn.Linear):
-                raise ValueError(f"adapter layer {module!r} is not a linear layer of the engine's model")
-            out_f, in_f = linear.weight.shape
-            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_f or b.shape[0] != out_f or a.shape[0] != b.shape[1]:
-                raise ValueError(f"adapter layer {module!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do "
-                                 f"not fit a {in_f} -> {out_f} layer (A [rank, {in_f}], B [{out_f}, rank])")
+            check_layer(module, a, b, tuple(linear.weight.shape) if isinstance(linear, torch.nn.Linear) else None)
 
     def load(self, adapter: Adapter) -> None:
         """Serve ``adapter`` (a new name, or a new version replacing the old in place)."""

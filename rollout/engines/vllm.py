@@ -43,6 +43,7 @@ from rollout.cores import thread_policy_env
 from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id, refuse_adapter
 from rollout.engines.transport import (TIED_HEAD, BroadcastWeights, FileWeights, WeightHandle, check_fits, shapes_of,
                                        write_safetensors)
+from rollout.engines.vllm_adapters import AdapterVersion, VLLMAdapters
 
 T = TypeVar("T")
 _DONE = object()
@@ -102,10 +103,14 @@ class VLLMEngine(Engine):
         self._version = 0
         self._user_paused = False
         self._open: set[str] = set()
-        self._stats = {"tokens": 0.0, "requests": 0.0, "aborted": 0.0, "weight_loads": 0.0,
+        self._stats = {"tokens": 0.0, "requests": 0.0, "aborted": 0.0, "weight_loads": 0.0, "adapter_loads": 0.0,
                        "weight_changes_mid_request": 0.0, "load_s": 0.0, "prefill_tokens": 0.0,
                        "prefix_reused_tokens": 0.0}
         self._scratch = tempfile.TemporaryDirectory(prefix="turnrl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        if cfg.max_loras:
+            self.features = frozenset({*self.features, "adapters"})
+
+        self._adapters = VLLMAdapters(Path(self._scratch.name), self._shapes, cfg.max_lora_rank)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
@@ -132,8 +137,10 @@ class VLLMEngine(Engine):
         a local here would keep the engine past ``close()``, to be shut down again at
         interpreter exit, which fails."""
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        self._on_cpu = current_platform.is_cpu()
         cfg = self.cfg
         args = AsyncEngineArgs(
             model=self.model_path, dtype=cfg.dtype, seed=self.seed, max_model_len=cfg.max_model_len,
@@ -144,10 +151,18 @@ class VLLMEngine(Engine):
             distributed_executor_backend="mp" if cfg.tensor_parallel_size > 1 else None,
             # vLLM loads the tokenizer (no detokenizing: requests set detokenize=False) because
             # structured outputs compile their grammars against its vocabulary.
-            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
+            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", **self._lora_args(),
             worker_extension_cls="rollout.engines.vllm_worker.TurnRLWorkerExtension", disable_log_stats=True)
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")
+
+    def _lora_args(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if not cfg.max_loras:
+            return {}
+        # a name's old version stays resident until its requests end: room for both
+        return {"enable_lora": True, "max_loras": cfg.max_loras, "max_lora_rank": cfg.max_lora_rank,
+                "max_cpu_loras": 2 * cfg.max_loras}
 
     @property
     def version(self) -> int:
@@ -203,26 +218,42 @@ class VLLMEngine(Engine):
         put = lambda item: caller.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
         prompt = {"prompt_token_ids": prompt_ids, "cache_salt": self._salt(exact=False)}
         done = 0
+        lora = None
         try:
-            async for out in self._llm.generate(prompt, self._sampling(params), request_id=rid):
+            sampling = self._sampling(params)
+            lora = self._begin(params.adapter)
+            async for out in self._llm.generate(prompt, sampling, request_id=rid,
+                                                lora_request=lora.request if lora else None):
                 o = out.outputs[0]
                 ids = list(o.token_ids)
                 lps = [entry[t].logprob for t, entry in zip(ids, o.logprobs or [])]
                 reason = o.finish_reason if out.finished else None
-                for chunk in self._split_by_version(rid, done, ids, lps, o.weight_versions):
+                for chunk in self._chunks(rid, done, ids, lps, o.weight_versions, lora):
                     put(chunk)
                 done += len(ids)
                 self._stats["tokens"] += len(ids)
                 if reason is not None:
                     self._count_prefill(len(prompt_ids), out.num_cached_tokens)
                     self._stats["aborted"] += reason == "abort"
-                    last = _label_at(self._version_starts(rid, o.weight_versions), max(done - 1, 0))
+                    last = (lora.version if lora else
+                            _label_at(self._version_starts(rid, o.weight_versions), max(done - 1, 0)))
                     put(Chunk(rid, [], [], last, reason))
                     break
             put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
             put(exc)
             raise
+        finally:
+            if lora is not None:
+                await self._drop(self._adapters.end(lora))
+
+    def _chunks(self, rid: str, start: int, ids: list[int], lps: list[float], final_spans: Any,
+                lora: AdapterVersion | None) -> list[Chunk]:
+        """A request's new tokens as chunks: an adapter's request carries the one version of
+        the adapter it started on; the base's, a chunk per weights version."""
+        if lora is None:
+            return self._split_by_version(rid, start, ids, lps, final_spans)
+        return [Chunk(rid, ids, lps, lora.version)] if ids else []
 
     def _split_by_version(self, rid: str, start: int, ids: list[int], lps: list[float],
                           final_spans: Any) -> list[Chunk]:
@@ -279,10 +310,19 @@ class VLLMEngine(Engine):
                               adapter: str | None = None) -> tuple[int, list[float]]:
         refuse_adapter(self, adapter)
         check_first(first, len(prompt_ids))
-        version, lps = await self._on_loop(self._prompt_logprobs(list(prompt_ids)))
+        version, lps = await self._on_loop(self._prompt_logprobs(list(prompt_ids), adapter))
         return version, lps[first - 1:]  # vLLM scores the whole prompt (its prefix cache saves the KV)
 
-    async def _prompt_logprobs(self, prompt_ids: list[int]) -> tuple[int, list[float]]:
+    async def _prompt_logprobs(self, prompt_ids: list[int], adapter: str | None) -> tuple[int, list[float]]:
+        lora = self._begin(adapter)
+        if lora is None:
+            return await self._base_prompt_logprobs(prompt_ids, None)
+        try:
+            return lora.version, (await self._base_prompt_logprobs(prompt_ids, lora.request))[1]
+        finally:
+            await self._drop(self._adapters.end(lora))
+
+    async def _base_prompt_logprobs(self, prompt_ids: list[int], lora_request: Any) -> tuple[int, list[float]]:
         """vLLM's prompt log-probs (``prompt_logprobs=0``: the prompt token's own), from one
         forward over the prompt; the one sampled token is discarded."""
         from vllm import SamplingParams as VSampling
@@ -293,7 +333,7 @@ class VLLMEngine(Engine):
         version, rid = self._version, new_request_id()
         prompt = {"prompt_token_ids": prompt_ids, "cache_salt": self._salt(exact=True)}
         out = None
-        async for out in self._llm.generate(prompt, params, request_id=rid):
+        async for out in self._llm.generate(prompt, params, request_id=rid, lora_request=lora_request):
             pass
         assert out is not None and out.prompt_logprobs is not None
         self._count_prefill(len(prompt_ids), out.num_cached_tokens)
@@ -338,6 +378,61 @@ class VLLMEngine(Engine):
             self._stats["weight_loads"] += 1
             self._stats["load_s"] += time.perf_counter() - t0
             return self._version
+
+    def _begin(self, adapter: str | None) -> AdapterVersion | None:
+        """A request starts: on ``adapter``'s current version, or on the base model. On CPUs
+        an engine serving adapters takes no base request: vLLM's CPU LoRA kernels (torch ops)
+        pick each row's adapter slot by index, and a row without one (index -1) gets the last
+        slot's adapter, so a base row decodes as another adapter whenever that slot is filled."""
+        if adapter is not None:
+            return self._adapters.begin(adapter)
+        if "adapters" in self.features and self._on_cpu:
+            raise ValueError("this vLLM engine serves LoRA adapters on CPU (rollout.engine.max_loras > 0), "
+                             "where vLLM decodes a request naming no adapter with another one: name an "
+                             "adapter, or send base-model requests to an engine with max_loras=0")
+        return None
+
+    async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        """Serve ``version`` of adapter ``name`` to the requests that start from now on
+        (``rollout.engines.vllm_adapters``); returns the version serving it."""
+        refuse_adapter(self, name)
+        return await self._on_loop(self._update_adapter(name, version, handle, scale))
+
+    async def _update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
+        async with self._update_lock:
+            if name in self._adapters.removing:
+                raise ValueError(f"adapter {name!r} is being unloaded")
+            held = self._adapters.served(name)
+            if held is not None and version <= held.version:
+                return held.version
+            t0 = time.perf_counter()
+            state = await handle.load()
+            new = await asyncio.to_thread(self._adapters.write, name, version, state, scale)
+            await self._llm.add_lora(new.request)
+            await self._drop(self._adapters.install(new))
+            self._stats["adapter_loads"] += 1
+            self._stats["load_s"] += time.perf_counter() - t0
+            return version
+
+    async def remove_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` once no request runs on it (new ones are refused from now)."""
+        refuse_adapter(self, name)
+        await self._on_loop(self._remove_adapter(name))
+
+    async def _remove_adapter(self, name: str) -> None:
+        self._adapters.removing.add(name)
+        try:
+            while self._adapters.busy(name):
+                await asyncio.sleep(0.02)
+            await self._drop(self._adapters.take(name))
+        finally:
+            self._adapters.removing.discard(name)
+
+    async def _drop(self, versions: list[AdapterVersion]) -> None:
+        """Adapter versions no request runs on any more, out of vLLM and off the disk."""
+        for held in versions:
+            await self._llm.remove_lora(held.request.lora_int_id)
+            self._adapters.discard(held)
 
     async def _load_call(self, handle: WeightHandle, version: int) -> tuple[str, Any, Any]:
         """(worker method, its argument, cleanup) for ``handle``, after checking the weights fit."""
