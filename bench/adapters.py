@@ -2,7 +2,7 @@
 what serving several in one batch costs against serving the base, side by side in one run.
 
     .venv/bin/python bench/adapters.py [--quick] [--model tiny|smollm2] [--rank 16] [--rows 8]
-                                       [--max-new-tokens 32] [--repeats 5]
+                                       [--max-new-tokens 32] [--repeats 5] [--vllm]
 
 One in-process HF engine on the policy (``--model tiny``: the tiny bench policy of
 bench/serving.py; ``smollm2``: SmolLM2-135M-Instruct, ``make smollm2``); adapters made by the
@@ -10,13 +10,16 @@ learner's own code (``learner.lora.wrap`` on every projection, random B), handed
 
 1. **Load.** Seconds for ``update_adapter`` (a new version of one adapter) and for
    ``update_weights`` (the full state dict), idle engine, best of the repeats, with the bytes
-   each carries and their ratios. Transport (object store, file, broadcast) is not in it:
-   bench/engines.py measures those for full weights.
+   each carries and their ratios, handed over in memory (part 4 adds the transports).
 2. **Load under traffic.** The same adapter updates while ``--rows`` requests of another
    adapter decode: their tokens/s with updates landing against without (the goal: no pause,
    so near 1), and the update's latency then.
 3. **Mixed batches.** Decoding tokens/s of ``--rows`` rows on the base alone, on one adapter,
    and spread over four adapters, in one batch: what routing rows to adapters costs.
+4. **Publish end to end.** What a LoRA run's publish costs with ``learner.lora.publish:
+   adapter`` against ``merged``: the tensors copied out of the learner's peft model, the
+   transport's publish (Ray's object store, a file in /dev/shm) and the engine's load, best of
+   the repeats; with ``--vllm`` into a vLLM engine serving adapters too.
 """
 
 from __future__ import annotations
@@ -123,7 +126,64 @@ async def run(args: argparse.Namespace) -> None:
     mixed = await decode(engine, prompts, [names[i % 4] for i in range(args.rows)], args.max_new_tokens)
     print(f"3. one batch of {args.rows}: base {base:.0f} tok/s, one adapter {one:.0f} ({one / base:.2f} of base), "
           f"four adapters {mixed:.0f} ({mixed / base:.2f} of base)")
+    await publish_section(engine, "HF engine", policy, args)
     await engine.close()
+    if args.vllm:
+        from rollout.config import VLLMEngineConfig
+        from rollout.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine(VLLMEngineConfig(max_loras=1, max_lora_rank=args.rank, max_model_len=1024), policy, seed=0)
+        await publish_section(engine, "vLLM engine", policy, args)
+        await engine.close()
+
+
+async def publish_section(engine: Any, label: str, policy: str, args: argparse.Namespace) -> None:
+    """4. What a LoRA run's publish costs end to end, adapter alone against the merged weights:
+    the learner's side (the tensors copied out of the peft model as ``LearnerWorker._publish``
+    does, then the transport's publish) and the engine's load, per transport."""
+    import tempfile
+
+    import ray
+
+    from learner.config import LoRAConfig
+    from learner.lora import adapter_state, is_adapter_tensor, merged_state, wrap
+    from learner.weights import FilePublisher, ObjectStorePublisher
+    from transformers import AutoModelForCausalLM
+
+    cfg = LoRAConfig(rank=args.rank, alpha=2 * args.rank)
+    torch.manual_seed(7)
+    peft = wrap(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), cfg)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    kinds = {
+        "adapter": (lambda: adapter_state({k: v.detach().clone() for k, v in peft.state_dict().items()
+                                           if is_adapter_tensor(k)}),
+                    lambda v, h: engine.update_adapter("run", v, h, cfg.alpha / cfg.rank)),
+        "merged": (lambda: merged_state({k: v.detach().clone() for k, v in peft.state_dict().items()}, cfg),
+                   lambda v, h: engine.update_weights(v, h)),
+    }
+    if not ray.is_initialized():
+        ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    shm = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    version = 10 ** 6  # above every version the sections before loaded
+    print(f"4. publish end to end into the {label} (copy out of the learner's model + publish + load, "
+          f"best of {args.repeats}):")
+    for transport, publisher in (("ray object store", ObjectStorePublisher()), ("file (/dev/shm)", FilePublisher(shm))):
+        best: dict[str, tuple[int, float]] = {}
+        for kind, (extract, load) in kinds.items():
+            times = []
+            for _ in range(args.repeats):
+                version += 1
+                t0 = time.perf_counter()
+                state = extract()
+                await load(version, publisher.publish(version, state))
+                times.append(time.perf_counter() - t0)
+            best[kind] = nbytes(state), min(times)
+        (a_bytes, a_s), (m_bytes, m_s) = best["adapter"], best["merged"]
+        print(f"   {label} {transport}: adapter {a_bytes / 1e6:.2f} MB in {a_s * 1e3:.1f} ms, merged "
+              f"{m_bytes / 1e6:.2f} MB in {m_s * 1e3:.1f} ms; publish time ratio {a_s / m_s:.3f}")
 
 
 def main() -> None:
@@ -134,6 +194,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--vllm", action="store_true", help="also part 4 into a vLLM engine serving adapters")
     args = p.parse_args()
     if args.quick:
         args.rows, args.max_new_tokens, args.repeats = 4, 12, 3
