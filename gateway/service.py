@@ -160,7 +160,8 @@ class LiveService:
             async for chunk in chunks:
                 keep = watch.feed(chunk.token_ids) if watch is not None else None
                 if keep is not None:
-                    yield Chunk(chunk.request_id, chunk.token_ids[:keep], chunk.logprobs[:keep], chunk.version, "stop")
+                    yield Chunk(chunk.request_id, chunk.token_ids[:keep], chunk.logprobs[:keep], chunk.version, "stop",
+                                chunk.adapter)
                     return
                 yield chunk
 

@@ -82,7 +82,7 @@ def test_vllm_adapters_decode_as_the_hf_engines_alone_and_mixed(vllm_engine, tin
         assert again.token_ids == hf.token_ids, adapter
         assert got.logprobs == pytest.approx(hf.logprobs, abs=1e-4)
         assert again.logprobs == pytest.approx(hf.logprobs, abs=1e-4)
-        assert got.version_spans == [(0, 1)]
+        assert got.version_spans == [(0, 1)] and got.adapter == again.adapter == adapter
     assert alone[0].logprobs != pytest.approx(alone[2].logprobs, abs=1e-3)  # the adapters differ
     assert version == 1 and lps == pytest.approx(alone[0].logprobs, abs=1e-4)
 

@@ -54,10 +54,12 @@ def test_the_adapter_client_names_the_runs_adapter_in_every_request(tiny_policy)
         want = await inner.generate([5, 6, 7, 8], SamplingParams(temperature=0.0, max_new_tokens=8, adapter="run-a"))
         base = await inner.generate([5, 6, 7, 8], greedy)
         assert got.token_ids == want.token_ids and got.version_spans == [(0, 3)]
+        assert got.adapter == "run-a" and base.adapter is None  # the completion records its adapter
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
         assert base.logprobs != pytest.approx(got.logprobs, abs=1e-3)  # the adapter changes the model
         streamed = [c async for c in client.stream([5, 6, 7, 8], greedy)]
         assert [t for c in streamed for t in c.token_ids] == got.token_ids
+        assert {c.adapter for c in streamed} == {"run-a"} and {c.version for c in streamed} == {3}
         version, lps = await client.prompt_logprobs([5, 6, 7, 8, *got.token_ids], first=4)
         assert version == 3 and lps == pytest.approx(got.logprobs, abs=1e-4)
         with pytest.raises(ValueError, match="names adapter 'other' through the client of adapter 'run-a'"):

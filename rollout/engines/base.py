@@ -77,6 +77,9 @@ class Completion:
     span, were sampled with that version. Starts at index 0; one span unless weights changed
     mid-completion."""
     timings: dict[str, float] = field(default_factory=dict)
+    adapter: str | None = None
+    """The LoRA adapter every token was sampled with (``version_spans`` then count its versions);
+    None: the base model."""
 
     @property
     def version(self) -> int:
@@ -102,6 +105,7 @@ class Completion:
         self.logprobs += chunk.logprobs
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
+            self.adapter = chunk.adapter
             if not self.version_spans:
                 self.version_spans.append((0, chunk.version))
 
@@ -116,6 +120,8 @@ class Chunk:
     version: int
     finish_reason: FinishReason | None = None
     """Set on the request's last chunk."""
+    adapter: str | None = None
+    """The LoRA adapter the request is decoded with (None: the base); ``version`` is its."""
 
 
 def expand_spans(spans: list[tuple[int, int]], n_tokens: int) -> list[int]:

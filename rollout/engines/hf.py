@@ -355,11 +355,12 @@ class HFEngine(Engine):
         if not req.spans:
             req.spans.append((0, self._batch.version_of(req.adapter)))
         done = Completion(req.request_id, req.token_ids, req.logprobs, reason, req.spans,  # type: ignore[arg-type]
-                          {"generate": time.perf_counter() - req.t0})
+                          {"generate": time.perf_counter() - req.t0}, req.adapter)
         if not req.future.done():
             req.future.set_result(done)
         if req.stream is not None:
-            req.stream.put_nowait(Chunk(req.request_id, [], [], done.version_spans[-1][1], reason))  # type: ignore[arg-type]
+            req.stream.put_nowait(Chunk(req.request_id, [], [], done.version_spans[-1][1], reason,  # type: ignore[arg-type]
+                                        req.adapter))
 
     async def _run_batcher(self) -> None:
         assert self._arrived is not None
@@ -451,7 +452,7 @@ class _Hooks:
         req, loop = row, self.engine._loop
         assert isinstance(req, _Request) and loop is not None
         if req.stream is not None:
-            chunk = Chunk(req.request_id, [token], [logprob], self.engine._batch.version_of(req.adapter))
+            chunk = Chunk(req.request_id, [token], [logprob], self.engine._batch.version_of(req.adapter), None, req.adapter)
             loop.call_soon_threadsafe(req.stream.put_nowait, chunk)
         if reason is not None:
             loop.call_soon_threadsafe(self.engine._finish, req, reason)

@@ -237,7 +237,7 @@ class VLLMEngine(Engine):
                     self._stats["aborted"] += reason == "abort"
                     last = (lora.version if lora else
                             _label_at(self._version_starts(rid, o.weight_versions), max(done - 1, 0)))
-                    put(Chunk(rid, [], [], last, reason))
+                    put(Chunk(rid, [], [], last, reason, params.adapter))
                     break
             put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises
@@ -253,7 +253,7 @@ class VLLMEngine(Engine):
         the adapter it started on; the base's, a chunk per weights version."""
         if lora is None:
             return self._split_by_version(rid, start, ids, lps, final_spans)
-        return [Chunk(rid, ids, lps, lora.version)] if ids else []
+        return [Chunk(rid, ids, lps, lora.version, None, lora.name)] if ids else []
 
     def _split_by_version(self, rid: str, start: int, ids: list[int], lps: list[float],
                           final_spans: Any) -> list[Chunk]:
