@@ -41,7 +41,7 @@ class ActorWeightTarget:
     serves (an engine from the sync; a scorer at the next version). Without restarts (engines
     on the broadcast transport) the push fails, and the driver names the dead engine."""
 
-    def __init__(self, handle: Any, restarted: bool, adapter: "AdapterSpec | None" = None) -> None:
+    def __init__(self, handle: Any, restarted: bool, adapter: AdapterSpec | None = None) -> None:
         self.handle, self.restarted, self.adapter = handle, restarted, adapter
 
     async def update_weights(self, version: int, handle: Any) -> int | None:

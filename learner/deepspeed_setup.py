@@ -144,4 +144,3 @@ def full_state_dict(engine: Any, gather_to_all: bool = True,
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return copy()
     return copy()
-    return copy()
