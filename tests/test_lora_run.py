@@ -1,5 +1,6 @@
 """A LoRA run that publishes its adapter alone (``learner.lora.publish: adapter``):
 
+- the weight sync pushes an adapter's version 0 (a full-weight run's first publish is 1);
 - the client view every component of the run holds (``AdapterClient``) names the run's adapter
   in every request and prompt log-prob call, refuses another, and loads versions as the adapter's;
 - an engine actor that Ray started again catches up the adapter (not whole weights) before it
@@ -66,6 +67,26 @@ def test_the_adapter_client_names_the_runs_adapter_in_every_request(tiny_policy)
             await client.generate([5, 6], SamplingParams(max_new_tokens=2, adapter="other"))
 
     asyncio.run(run())
+
+
+def test_the_weight_sync_pushes_an_adapters_version_0(tiny_policy) -> None:
+    """A LoRA run's learner publishes its adapter's version 0 as it starts (engines serve none
+    of the run's requests without it): the sync pushes it, where a full-weight run's first
+    publish is version 1, and a restarted engine can catch it up."""
+    from learner.weights import WeightSync
+    from rollout.engines.client import AdapterClient, LocalEngineClient
+
+    policy = tiny_policy[0]
+    server = _server(policy)
+    sync = WeightSync([AdapterClient(LocalEngineClient(server), SPEC)])
+    v0, v1 = InMemoryWeights(_adapter(policy, 3)), InMemoryWeights(_adapter(policy, 4))
+
+    async def run() -> list[int]:
+        return [await sync.publish(0, v0), await sync.publish(1, v1), await sync.publish(0, v0)]
+
+    assert asyncio.run(run()) == [0, 1, 1]  # the late republish of 0 moves nothing
+    assert sync.latest() == (1, v1) and sync.stats()["pushes"] == 2
+    assert server.engine._batch.adapters.version("run-a") == 1 and server.engine.version == 0
 
 
 def test_an_engine_started_again_catches_up_the_adapter_before_it_serves(tiny_policy) -> None:
