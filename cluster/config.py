@@ -167,6 +167,10 @@ class RunConfig(BaseModel):
             raise ValueError("learner.lora.publish=adapter needs engines that serve LoRA adapters, but "
                              "rollout.engine.max_loras=0 turns vLLM's off: set rollout.engine.max_loras=1 (or "
                              "more), or learner.lora.publish=merged")
+        if engine.type == "vllm" and self.rollout.weights.transport == "broadcast":
+            raise ValueError("learner.lora.publish=adapter on the vLLM engine reads each adapter version in the "
+                             "engine's own process, where rollout.weights.transport=broadcast does not reach "
+                             "(vLLM's workers receive it): set rollout.weights.transport=object_store or file")
         if engine.type == "vllm" and lora.rank > engine.max_lora_rank:
             raise ValueError(f"learner.lora.rank={lora.rank} is above rollout.engine.max_lora_rank="
                              f"{engine.max_lora_rank}, the highest rank the vLLM engine serves: raise it")

@@ -4,7 +4,8 @@
 - the client view every component of the run holds (``AdapterClient``) names the run's adapter
   in every request and prompt log-prob call, refuses another, and loads versions as the adapter's;
 - an engine actor that Ray started again catches up the adapter (not whole weights) before it
-  serves, from the weight sync's newest version;
+  serves, from the weight sync's newest version; a version broadcast before the engine joined
+  the learner's group waits for the join;
 - the whole loop on Ray: a tiny run whose learner publishes only the adapter's tensors each
   step, engines that serve them (its trajectories carry the adapter's versions, which admission
   counts), held-out evaluation through the adapter, a LoRA checkpoint at the end;
@@ -115,6 +116,46 @@ def test_an_engine_started_again_catches_up_the_adapter_before_it_serves(tiny_po
     assert got.version_spans == [(0, 5)] and got.token_ids == want.token_ids and base_version == 0
 
 
+def _broadcast(init: dict, state: dict, layout: list) -> None:
+    from rollout.engines.transport import BroadcastGroup
+
+    BroadcastGroup(init, rank=0).send(state, layout)
+
+
+def test_an_adapter_version_broadcast_before_the_engine_joined_waits_for_the_join(tiny_policy) -> None:
+    """On the broadcast transport a LoRA run's learner publishes version 0 as it starts, before
+    the driver's join step: the engine's load waits for the join, then receives it."""
+    import multiprocessing
+
+    from learner.deepspeed_setup import free_port
+    from rollout.engines.transport import BroadcastWeights, plan_buckets
+
+    policy = tiny_policy[0]
+    weights = _adapter(policy, 5)
+    layout = plan_buckets(weights, bucket_bytes=16 << 10)
+    init = {"host": "127.0.0.1", "port": free_port(), "world_size": 2, "backend": "gloo", "rank": 1, "timeout_s": 120}
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6, adapter="run-a")
+
+    async def run() -> tuple:
+        server = _server(policy)
+        load = asyncio.ensure_future(server.update_adapter("run-a", 0, BroadcastWeights(layout), SPEC.scale))
+        await asyncio.sleep(0.3)
+        waited = not load.done()
+        sender = multiprocessing.get_context("spawn").Process(target=_broadcast, args=(init, weights, layout))
+        sender.start()
+        await server.join_weight_group(init)
+        version = await load
+        sender.join(timeout=60)
+        got = await server.generate([5, 6, 7], greedy, "r1")
+        fresh = _server(policy)
+        await fresh.update_adapter("run-a", 0, InMemoryWeights(weights), SPEC.scale)
+        return waited, version, sender.exitcode, got, await fresh.generate([5, 6, 7], greedy, "r2")
+
+    waited, version, exitcode, got, want = asyncio.run(run())
+    assert waited and version == 0 and exitcode == 0 and len(layout) > 1
+    assert got.token_ids == want.token_ids and got.version_spans == [(0, 0)] and got.adapter == "run-a"
+
+
 def test_adapters_where_they_cannot_be_served_are_refused_naming_the_fields() -> None:
     from cluster.config import ConfigError, load_config
 
@@ -122,6 +163,9 @@ def test_adapters_where_they_cannot_be_served_are_refused_naming_the_fields() ->
         load_config(None, ["learner.lora={rank: 4}", "rollout.engine.type=vllm"])
     with pytest.raises(ConfigError, match="learner.lora.rank=32 is above rollout.engine.max_lora_rank=16"):
         load_config(None, ["learner.lora={rank: 32}", "rollout.engine={type: vllm, max_loras: 1}"])
+    with pytest.raises(ConfigError, match="where rollout.weights.transport=broadcast does not reach"):
+        load_config(None, ["learner.lora={rank: 4}", "rollout.engine={type: vllm, max_loras: 1}",
+                           "rollout.weights.transport=broadcast"])
     assert load_config(None, ["learner.lora={rank: 4}", "rollout.engine={type: vllm, max_loras: 1}"])
     with pytest.raises(ConfigError, match="rewards.ig.scorer=model scores with whole weights"):
         load_config(None, ["learner.lora={rank: 4}", "rewards.ig={scorer: model}"])

@@ -76,9 +76,14 @@ class EngineServer:
         await self._started()
         if version <= self.engine.version:
             return self.engine.version
-        if isinstance(handle, BroadcastWeights):  # a restored learner may publish before the join
-            await self._joined_event().wait()
+        await self._receivable(handle)
         return await self.engine.update_weights(version, handle)
+
+    async def _receivable(self, handle: WeightHandle) -> None:
+        """A broadcast version is received once this engine has joined the group: a learner
+        publishes as it starts (restored, or a LoRA run's version 0) before the driver's join."""
+        if isinstance(handle, BroadcastWeights):
+            await self._joined_event().wait()
 
     async def join_weight_group(self, init: dict[str, Any]) -> None:
         """Join the learner's weight broadcast group as rank ``init["rank"]`` (the driver's
@@ -112,6 +117,7 @@ class EngineServer:
     async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
         """Serve ``version`` of LoRA adapter ``name`` beside the others (``Engine.update_adapter``)."""
         await self._started()
+        await self._receivable(handle)
         return await self.engine.update_adapter(name, version, handle, scale)
 
     async def remove_adapter(self, name: str) -> None:
