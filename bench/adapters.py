@@ -42,13 +42,13 @@ import torch  # noqa: E402
 from engines import policy_and_source, prompts_of  # noqa: E402  (bench/ is on sys.path)
 
 
-def make_adapter(policy: str, rank: int, seed: int) -> tuple[dict[str, torch.Tensor], float]:
-    """(adapter tensors under the base's module names, alpha / rank) of a peft adapter on every
-    projection, B random so it changes the model."""
+def random_peft(policy: str, rank: int, seed: int) -> tuple[Any, Any]:
+    """(peft model, its LoRAConfig): an adapter on every projection of ``policy``, alpha 2 *
+    rank, B random so it changes the model."""
     from transformers import AutoModelForCausalLM
 
     from learner.config import LoRAConfig
-    from learner.lora import adapter_state, wrap
+    from learner.lora import wrap
 
     cfg = LoRAConfig(rank=rank, alpha=2 * rank)
     torch.manual_seed(seed)
@@ -57,6 +57,14 @@ def make_adapter(policy: str, rank: int, seed: int) -> tuple[dict[str, torch.Ten
         for name, p in peft.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.02)
+    return peft, cfg
+
+
+def make_adapter(policy: str, rank: int, seed: int) -> tuple[dict[str, torch.Tensor], float]:
+    """(adapter tensors under the base's module names, alpha / rank) of ``random_peft``."""
+    from learner.lora import adapter_state
+
+    peft, cfg = random_peft(policy, rank, seed)
     return adapter_state({k: v.detach().clone() for k, v in peft.state_dict().items()}), cfg.alpha / cfg.rank
 
 
@@ -145,18 +153,10 @@ async def publish_section(engine: Any, label: str, policy: str, args: argparse.N
 
     import ray
 
-    from learner.config import LoRAConfig
-    from learner.lora import adapter_state, is_adapter_tensor, merged_state, wrap
+    from learner.lora import adapter_state, is_adapter_tensor, merged_state
     from learner.weights import FilePublisher, ObjectStorePublisher
-    from transformers import AutoModelForCausalLM
 
-    cfg = LoRAConfig(rank=args.rank, alpha=2 * args.rank)
-    torch.manual_seed(7)
-    peft = wrap(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), cfg)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.02)
+    peft, cfg = random_peft(policy, args.rank, 7)
     kinds = {
         "adapter": (lambda: adapter_state({k: v.detach().clone() for k, v in peft.state_dict().items()
                                            if is_adapter_tensor(k)}),
