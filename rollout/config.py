@@ -157,7 +157,7 @@ class VLLMEngineConfig(EngineGroupConfig):
     """LoRA adapters decoded in one batch (vLLM's multi-LoRA ``max_loras``); 0 turns adapters
     off (requests naming one are refused). An adapter being replaced by a new version holds
     two slots until its old version's requests end, so give each adapter served two."""
-    max_lora_rank: int = Field(16, ge=1)
+    max_lora_rank: int = Field(16, ge=1, le=1024)
     """Highest adapter rank the engine accepts (vLLM sizes its LoRA buffers for it)."""
 
     def gpus_per_engine(self) -> float:

@@ -36,7 +36,7 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "ServiceConfig.max_batch_trajectories", "ServiceConfig.queue_groups", "ReplayConfig.capacity_groups",
         "ReplayConfig.max_concurrent_groups", "ReplayConfig.live_capacity_groups", "EvalConfig.samples_per_task",
         "IGConfig.keep_versions", "HGPOConfig.history", "RolloutConfig.history_turns", "JudgeConfig.batch_size",
-        "JudgeConfig.queue_size", "PRMTrainConfig.batch_size", "PRMTrainConfig.epochs")},
+        "JudgeConfig.queue_size", "PRMTrainConfig.batch_size", "PRMTrainConfig.epochs", "VLLMEngineConfig.max_loras")},
     # tasks, demos, sessions, iterations: work or memory in proportion
     **{f: ("max_items", 1) for f in (
         "SFTConfig.num_demos", "SearchQAConfig.num_train_tasks", "SearchQAConfig.num_heldout_tasks",
@@ -103,7 +103,8 @@ FREE: dict[str, str] = {
         "ToolUseConfig.max_turns", "ToolUseConfig.tool_timeout_s", "ToolUseConfig.tool_memory_mb",
         "HouseholdConfig.max_turns", "HouseholdConfig.other_rooms", "LiveConfig.port", "JudgeConfig.retries",
         "BfclConfig.max_turns", "BfclConfig.max_steps_per_turn", "BfclConfig.tool_timeout_s",
-        "BfclConfig.check_timeout_s", "BfclConfig.tool_memory_mb", "LoRAConfig.rank")},
+        "BfclConfig.check_timeout_s", "BfclConfig.tool_memory_mb", "LoRAConfig.rank",
+        "VLLMEngineConfig.max_lora_rank")},
     **{f: _COUNTED for f in (
         "RolloutConfig.num_workers", "RolloutConfig.num_cpus", "HFEngineConfig.count", "HFEngineConfig.num_cpus",
         "HFEngineConfig.num_gpus", "VLLMEngineConfig.count", "VLLMEngineConfig.num_cpus", "VLLMEngineConfig.num_gpus",
