@@ -22,6 +22,9 @@ token ids and reads back sampled ids, their log-probs and the weights version of
   receives from the learner's broadcast. A state dict (object store, in memory) is written to
   a private safetensors file first (``/dev/shm`` where it exists): vLLM's RPC channel does not
   carry tensors.
+- **Adapters** (``max_loras`` >= 1): vLLM's multi-LoRA serving, each version of a named adapter
+  a ``LoRARequest`` of its own; a request keeps the version it started on
+  (``rollout.engines.vllm_adapters``).
 - **Event loop.** ``AsyncLLM`` binds to the event loop that first uses it, so the engine runs
   it on a loop thread of its own and bridges every call: callers may use any loop (a Ray
   actor's, a test's ``asyncio.run``).
