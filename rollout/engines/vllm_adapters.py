@@ -87,7 +87,11 @@ class VLLMAdapters:
             return held.version
         state = await handle.load()
         new = await asyncio.to_thread(self.write, name, version, state, scale)
-        await llm.add_lora(new.request)
+        try:
+            await llm.add_lora(new.request)
+        except BaseException:
+            shutil.rmtree(new.folder, ignore_errors=True)  # vLLM refused it: nothing serves from there
+            raise
         await self.drop(llm, self.install(new))
         return version
 
