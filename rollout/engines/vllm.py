@@ -83,7 +83,6 @@ class VLLMEngine(Engine):
         self._scratch = tempfile.TemporaryDirectory(prefix="turnrl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         if cfg.max_loras:
             self.features = frozenset({*self.features, "adapters"})
-
         self._adapters = VLLMAdapters(Path(self._scratch.name), self._shapes, cfg.max_lora_rank)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -280,17 +279,9 @@ class VLLMEngine(Engine):
         return version, lps[first - 1:]  # vLLM scores the whole prompt (its prefix cache saves the KV)
 
     async def _prompt_logprobs(self, prompt_ids: list[int], adapter: str | None) -> tuple[int, list[float]]:
-        lora = self._begin(adapter)
-        if lora is None:
-            return await self._base_prompt_logprobs(prompt_ids, None)
-        try:
-            return lora.version, (await self._base_prompt_logprobs(prompt_ids, lora.request))[1]
-        finally:
-            await self._end(lora)
-
-    async def _base_prompt_logprobs(self, prompt_ids: list[int], lora_request: Any) -> tuple[int, list[float]]:
         """vLLM's prompt log-probs (``prompt_logprobs=0``: the prompt token's own), from one
-        forward over the prompt; the one sampled token is discarded."""
+        forward over the prompt with ``adapter`` (its version) or the base weights; the one
+        sampled token is discarded."""
         from vllm import SamplingParams as VSampling
         from vllm.sampling_params import RequestOutputKind
 
@@ -299,11 +290,19 @@ class VLLMEngine(Engine):
         version, rid = self._version, new_request_id()
         prompt = {"prompt_token_ids": prompt_ids, "cache_salt": self._salt(exact=True)}
         out = None
-        async for out in self._llm.generate(prompt, params, request_id=rid, lora_request=lora_request):
-            pass
+        lora = self._begin(adapter)
+        try:
+            async for out in self._llm.generate(prompt, params, request_id=rid,
+                                                lora_request=lora.request if lora else None):
+                pass
+        finally:
+            if lora is not None:
+                await self._end(lora)
         assert out is not None and out.prompt_logprobs is not None
         self._count_prefill(len(prompt_ids), out.num_cached_tokens)
         lps = [entry[t].logprob for t, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
+        if lora is not None:
+            return lora.version, lps
         return _label_at(self._version_starts(rid, out.outputs[0].weight_versions), 0) if out.outputs else version, lps
 
     async def abort(self, request_id: str) -> bool:
