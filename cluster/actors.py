@@ -92,7 +92,7 @@ def check_resources(cfg: RunConfig) -> None:
             raise RuntimeError(f"the run reserves {need_r:g} of the custom resource {name!r} ({', '.join(keys)}) but "
                                f"the cluster's nodes advertise {res.get(name, 0):g}; start "
                                f"nodes with `ray start --resources '{{\"{name}\": N}}'` or change those keys")
-    gpus = cfg.rollout.engine.count * cfg.rollout.engine.num_gpus + cfg.learner.world_size * cfg.learner.num_gpus
+    gpus = own_engines(cfg) * cfg.rollout.engine.num_gpus + cfg.learner.world_size * cfg.learner.num_gpus
     if gpus > res.get("GPU", 0) + 1e-9:
         raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus + "
                            f"learner.world_size x learner.num_gpus) but the cluster has "
@@ -107,7 +107,7 @@ def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:
     services = 3 + sum(reward_pools(cfg)) + int(cfg.live.enabled)  # replay, weight sync, reward front
     groups = [("cluster.service_resources", services, cfg.cluster.service_resources),
               ("rollout.resources", ro.num_workers, ro.resources),
-              ("rollout.engine.resources", ro.engine.count, ro.engine.resources),
+              ("rollout.engine.resources", own_engines(cfg), ro.engine.resources),
               ("rollout.env_actors.resources", ro.env_actors.count, ro.env_actors.resources),
               ("learner.resources", cfg.learner.world_size, cfg.learner.resources)]
     out: dict[str, tuple[float, list[str]]] = {}
@@ -118,10 +118,16 @@ def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:
     return out
 
 
+def own_engines(cfg: RunConfig) -> int:
+    """Engine actors the run starts: none on a shared pool (``rollout.pool``), whose engines
+    the pool's own job holds."""
+    return 0 if cfg.rollout.pool is not None else cfg.rollout.engine.count
+
+
 def run_cpus(cfg: RunConfig) -> float:
     """Ray CPUs the run's core actors reserve (reward scorers and judges come on top)."""
     envs, eng = cfg.rollout.env_actors, cfg.rollout.engine
-    return (cfg.rollout.num_workers * cfg.rollout.num_cpus + eng.count * eng.num_cpus
+    return (cfg.rollout.num_workers * cfg.rollout.num_cpus + own_engines(cfg) * eng.num_cpus
             + cfg.learner.world_size * cfg.learner.num_cpus
             + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus
             + (cfg.live.num_cpus if cfg.live.enabled else 0.0))
@@ -145,24 +151,35 @@ class RunActors:
     in-job restart of a dead learner uses)."""
     run_dir: str = ""
     run_id: str = ""
+    pool: Any = None
+    """The shared engine pool's actor (``cluster.pool``) whose engines the run uses, or None
+    when ``engines`` are the run's own."""
 
     def all(self) -> list[Any]:
         """Every actor of the run, callers before what they call (the order they are killed
         in): the weight sync goes after the learner, whose publish may be calling it, and
-        replay comes last."""
-        return [*([self.gateway] if self.gateway is not None else []), *self.rollouts, *self.engines,
+        replay comes last. A pool's engines are not the run's."""
+        engines = self.engines if self.pool is None else []
+        return [*([self.gateway] if self.gateway is not None else []), *self.rollouts, *engines,
                 *self.learner.ranks, self.reward, *self.envs, self.weights, self.replay]
 
     def release(self) -> None:
-        """Kill every actor of the run and free the learner's placement group. Replay goes
-        last and is closed first: an embedded redis-server gets its clean shutdown (a flushed
-        append-only file) instead of dying some time after its host, which a process opening
-        the store just then would see as a live server that refuses connections."""
+        """Kill every actor of the run and free the learner's placement group; on a pool,
+        detach from it (its adapter leaves the pool's engines), which goes on serving others.
+        Replay goes last and is closed first: an embedded redis-server gets its clean shutdown
+        (a flushed append-only file) instead of dying some time after its host, which a
+        process opening the store just then would see as a live server that refuses
+        connections."""
         import ray
 
         for actor in self.all():
             if actor is not self.replay:
                 ray.kill(actor)
+        if self.pool is not None:
+            try:
+                ray.get(self.pool.detach.remote(self.run_id), timeout=120)
+            except Exception as exc:  # noqa: BLE001 - the pool's watch detaches a run whose sync is gone
+                _log.warning("detaching run %s from its engine pool failed: %s", self.run_id, exc)
         self.learner.release()
         try:
             ray.get(self.replay.close.remote(), timeout=30)
@@ -246,7 +263,13 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
                                         resources=services, max_concurrency=ACTOR_THREADS,
                                         **service_restarts(cfg, replay_host=True)).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
-    engines = start_engines(cfg, str(policy_path), run_id)
+    pool = None
+    if cfg.rollout.pool is not None:  # a shared pool's engines, serving this run's adapter
+        from cluster.pool import pool_engines
+
+        pool, engines = pool_engines(cfg.rollout.pool, str(policy_path))
+    else:
+        engines = start_engines(cfg, str(policy_path), run_id)
     client = RayEngineClient(engines, str(policy_path))
     if (adapter := run_adapter(cfg, run_id)) is not None:  # every request of the run names it
         client = AdapterClient(client, adapter)
@@ -278,9 +301,13 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     # Surface constructor failures (bad model path, DeepSpeed errors) here, not mid-loop, and
     # free what did start so a caller that carries on keeps its CPUs.
     try:
+        if pool is not None:  # refused here when the pool is full, before the learner starts
+            ray.get(pool.attach.remote(run_id, adapter, weights))
+            started.pool = pool
         learner = started.learner = make_learner(resume)
+        own = engines if pool is None else []
         wait_ready([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
-                    *[h.stats.remote() for h in envs], *[e.start.remote() for e in engines]], cfg.progress == "bar")
+                    *[h.stats.remote() for h in envs], *[e.start.remote() for e in own]], cfg.progress == "bar")
         form_weight_group(started)
         if adapter is not None:  # its version 0, which the learner published as it started
             learner.get("settle_weights")

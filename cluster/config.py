@@ -181,6 +181,20 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _pool_runs_train_an_adapter(self) -> "RunConfig":
+        if self.rollout.pool is None:
+            return self
+        lora = self.learner.lora
+        if lora is None or lora.publish != "adapter":
+            raise ValueError(f"rollout.pool={self.rollout.pool!r}: a run on a shared engine pool trains and "
+                             "publishes a LoRA adapter, which the pool's engines serve beside other runs': set "
+                             "learner.lora (with publish: adapter), or remove rollout.pool")
+        if self.rollout.weights.transport == "broadcast":
+            raise ValueError("rollout.pool: a pool's engines join no run's weight broadcast group: set "
+                             "rollout.weights.transport=object_store or file")
+        return self
+
+    @model_validator(mode="after")
     def _live_source_is_served(self) -> "RunConfig":
         if self.train.source == "rollout":
             return self

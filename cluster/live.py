@@ -82,6 +82,13 @@ def judges_early(cfg: RunConfig) -> bool:
     return cfg.rewards.prm is not None and cfg.rewards.prm.type == "judge" and cfg.rewards.prm.hindsight
 
 
+def served_model(cfg: RunConfig, run_id: str) -> str:
+    """The OpenAI ``model`` the run's endpoint serves: on a shared engine pool, the run's
+    adapter (named for the run id, so a request naming another run's adapter is a 404 here);
+    otherwise ``live.model_name``."""
+    return run_id if cfg.rollout.pool is not None else cfg.live.model_name
+
+
 def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, run_dir: str,
                   run_id: str) -> tuple[Any, str]:
     """Start the gateway actor; returns (handle, base URL)."""
@@ -92,10 +99,11 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
     # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
     # A run that trains on rollouts only serves and records sessions but never fills replay.
     ports = ActorLivePorts(reward, replay) if cfg.train.source != "rollout" else None
+    live = cfg.live.model_copy(update={"model_name": served_model(cfg, run_id)})
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000,
                                                  resources=cfg.cluster.service_resources).remote(
-        cfg.live, engine_client, ports, scorable_without_feedback(cfg), run_id,
+        live, engine_client, ports, scorable_without_feedback(cfg), run_id,
         str(Path(run_dir) / SESSIONS_FILE), judges_early(cfg), cfg.rollout.chat_format)
     url = ray.get(actor.start.remote())
-    (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": cfg.live.model_name}))
+    (Path(run_dir) / LIVE_FILE).write_text(json.dumps({"base_url": url, "model": live.model_name}))
     return actor, url

@@ -50,8 +50,8 @@ class ActorWeightTarget:
         import ray
 
         try:
-            if self.adapter is not None:
-                return await self.handle.update_adapter.remote(self.adapter.name, version, handle, self.adapter.scale)
+            if self.adapter is not None:  # an engine's one verb for both (``EngineServer.load``)
+                return await self.handle.load.remote(version, handle, self.adapter)
             return await self.handle.update_weights.remote(version, handle)
         except ray.exceptions.RayActorError as exc:
             if not self.restarted:

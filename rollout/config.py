@@ -280,6 +280,12 @@ class RolloutConfig(BaseModel):
     engine: EngineConfig = HFEngineConfig()
     """Inference engine settings: the group every rollout worker and the live endpoint use,
     selected by ``type``."""
+    pool: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    """Name of a shared engine pool (the run service's ``pools``) to attach to instead of
+    starting engines of its own: its engines serve this run through its LoRA adapter beside
+    other runs' (needs ``learner.lora`` publishing its adapter). ``engine`` must then describe
+    the pool's engines (the run service sets it, and ``policy.path`` to the pool's model).
+    None: the run starts ``engine.count`` engines of its own (docs/tenants.md)."""
     weights: WeightSyncConfig = WeightSyncConfig()
     """How new weights travel from the learner to the engines."""
     num_cpus: float = Field(0.1, gt=0)

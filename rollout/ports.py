@@ -54,10 +54,10 @@ class ActorPorts:
 
 class WeightSyncSource:
     """The learner's weight sync (``learner.weights.WeightSync``) as a restarted engine's
-    ``catch_up`` source: the newest (version, handle), loaded once before the engine serves
-    (as a version of ``adapter`` for a LoRA run that publishes its adapter alone).
-    Found by its actor name on first use: an engine actor built with a name rather than a
-    handle holds nothing in the object store that Ray would need to start it again."""
+    ``catch_up`` source: the newest version, loaded once before the engine serves (a version
+    of ``adapter`` for a LoRA run that publishes its adapter alone). Found by its actor name on
+    first use: an engine actor built with a name rather than a handle holds nothing in the
+    object store that Ray would need to start it again."""
 
     def __init__(self, sync_name: str, adapter: AdapterSpec | None = None) -> None:
         self.sync_name, self.adapter = sync_name, adapter
@@ -67,12 +67,14 @@ class WeightSyncSource:
     def __getstate__(self) -> dict[str, Any]:
         return {"sync_name": self.sync_name, "adapter": self.adapter, "_sync": None}
 
-    async def latest(self) -> tuple[int, WeightHandle] | None:
+    async def versions(self) -> list[tuple[AdapterSpec | None, int, WeightHandle]]:
+        """What to load: the newest published version, if any."""
         if self._sync is None:
             import ray
 
             self._sync = ray.get_actor(self.sync_name)
-        return await self._sync.latest.remote()
+        got = await self._sync.latest.remote()
+        return [] if got is None else [(self.adapter, *got)]
 
 
 class ActorEnvPort:

@@ -97,10 +97,8 @@ def test_an_engine_started_again_catches_up_the_adapter_before_it_serves(tiny_po
     weights = _adapter(policy, 2)
 
     class Sync:  # the weight sync's side of the catch-up, as ``WeightSyncSource`` presents it
-        adapter = SPEC
-
-        async def latest(self):
-            return 5, InMemoryWeights(weights)
+        async def versions(self):
+            return [(SPEC, 5, InMemoryWeights(weights))]
 
     async def run() -> tuple:
         restarted = _server(policy, catch_up=Sync(), restarted_by_ray=True)

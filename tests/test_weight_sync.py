@@ -90,8 +90,8 @@ def test_a_restarted_engine_catches_up_before_it_serves(tiny_policy, tiny_run_co
     sync = WeightSync([])
 
     class Source:  # the sync as a restarted engine finds it (rollout.ports.WeightSyncSource)
-        async def latest(self):
-            return sync.latest()
+        async def versions(self):
+            return [(None, *sync.latest())]
 
     server = EngineServer(cfg.rollout.engine, policy, 0, Source(), restarted_by_ray=True)
     state = _perturbed(server.engine.model, 0.01)

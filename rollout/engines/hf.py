@@ -428,7 +428,8 @@ class HFEngine(Engine):
     def stats(self) -> dict[str, float]:
         prefix = self._batch.prefix
         return {**self._stats, **prefix.stats, "prefix_entries": float(len(prefix)),
-                "open_requests": float(len(self._open)), "version": float(self._batch.version)}
+                "open_requests": float(len(self._open)), "version": float(self._batch.version),
+                "adapters": float(len(self._batch.adapters.adapters))}
 
     async def close(self) -> None:
         if self._batcher is not None:

@@ -3,23 +3,26 @@
 One ``EngineServer`` owns one engine. Its methods are the engine's verbs (generate, stream,
 abort, pause, resume, update_weights). New weights are pushed to it (``update_weights``, by the
 learner's weight sync, ``learner.weights.WeightSync``); it never polls. An engine actor that Ray
-started again after a crash catches up first: before it serves anything it loads the newest
-version from its ``catch_up`` source (``async latest() -> (version, WeightHandle) | None``, the
-weight sync found by name; with an ``adapter`` attribute, a version of that LoRA adapter). On
-the broadcast transport the driver has every engine join the learner's group once, at the run's
-start (``join_weight_group``).
+started again after a crash catches up first: before it serves anything it loads what its
+``catch_up`` source lists (``async versions() -> [(AdapterSpec | None, version, WeightHandle)]``:
+a run's weight sync found by name, or an engine pool's table of attached runs, one entry per
+adapter). On the broadcast transport the driver has every engine join the learner's group once,
+at the run's start (``join_weight_group``). An engine of a pool, shared by several LoRA runs,
+admits requests through a ``FairGate`` keyed by adapter (``fair``).
 Clients reach a group of these through ``rollout.engines.client.RayEngineClient``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, AsyncIterator
 
 from rollout.cores import pin_process
 from rollout.engines import make_engine
-from rollout.engines.base import Chunk, Completion, SamplingParams
+from rollout.engines.base import AdapterSpec, Chunk, Completion, SamplingParams
+from rollout.engines.fair import FairGate
 from rollout.engines.transport import BroadcastWeights, WeightHandle
 from storage import node_copy
 
@@ -28,12 +31,14 @@ log = logging.getLogger(__name__)
 
 class EngineServer:
     def __init__(self, cfg: Any, model_path: str, seed: int = 0, catch_up: Any = None,
-                 restarted_by_ray: bool = False) -> None:
+                 restarted_by_ray: bool = False, fair: tuple[int, int] | None = None) -> None:
         """``catch_up``: where the newest published weights are, for an actor Ray starts again.
         ``restarted_by_ray``: this server owns its process (an actor): its first call runs
         ``start`` if nobody has, so an actor that Ray started again after a crash pins its
-        cores and serves the newest weights, not the ones it was built with."""
+        cores and serves the newest weights, not the ones it was built with. ``fair``:
+        (requests running at once, of them per adapter) for an engine several runs share."""
         self.cfg, self.catch_up, self._start_on_use = cfg, catch_up, restarted_by_ray
+        self.gate = FairGate(*fair) if fair is not None else None
         # a stored policy (``cluster.storage``) is copied to this node first
         self.engine = make_engine(cfg, node_copy(model_path), seed=seed)
         self._starting: asyncio.Future | None = None
@@ -62,22 +67,29 @@ class EngineServer:
 
     async def _restart(self) -> None:
         await self.start()
-        got = await self.catch_up.latest() if self.catch_up is not None else None
-        adapter = getattr(self.catch_up, "adapter", None)
-        if got is not None and adapter is not None:
-            await self.engine.update_adapter(adapter.name, *got, adapter.scale)
-        elif got is not None:
-            await self.engine.update_weights(*got)
-        log.warning("engine: started again (a restarted actor), serving version %d", self.engine.version)
+        listed = await self.catch_up.versions() if self.catch_up is not None else []
+        for adapter, version, handle in listed:
+            await self._load(version, handle, adapter)
+        log.warning("engine: started again (a restarted actor), caught up %d version(s)", len(listed))
 
-    async def update_weights(self, version: int, handle: WeightHandle) -> int:
-        """Serve ``version`` (the weight sync's push); returns the version serving once loaded.
-        A version not newer than the one serving is left alone (a republish)."""
+    async def load(self, version: int, handle: WeightHandle, adapter: AdapterSpec | None = None) -> int:
+        """The weight sync's push: ``version`` of the whole weights, or of ``adapter`` (a LoRA
+        run publishing its adapter alone, served beside the others this engine holds)."""
         await self._started()
-        if version <= self.engine.version:
+        return await self._load(version, handle, adapter)
+
+    async def _load(self, version: int, handle: WeightHandle, adapter: AdapterSpec | None) -> int:
+        if adapter is not None:
+            await self._receivable(handle)
+            return await self.engine.update_adapter(adapter.name, version, handle, adapter.scale)
+        if version <= self.engine.version:  # a republish leaves the serving version alone
             return self.engine.version
         await self._receivable(handle)
         return await self.engine.update_weights(version, handle)
+
+    async def update_weights(self, version: int, handle: WeightHandle) -> int:
+        """Serve ``version`` of the whole weights; returns the version serving once loaded."""
+        return await self.load(version, handle)
 
     async def _receivable(self, handle: WeightHandle) -> None:
         """A broadcast version is received once this engine has joined the group: a learner
@@ -96,15 +108,21 @@ class EngineServer:
             self._joined = asyncio.Event()
         return self._joined
 
+    def _turn(self, adapter: str | None) -> Any:
+        """A slot of the fair gate for ``adapter``'s request (nothing to wait for without one)."""
+        return self.gate.slot(adapter) if self.gate is not None else contextlib.nullcontext()
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Completion:
         await self._started()
-        return await self.engine.generate(prompt_ids, params, request_id)
+        async with self._turn(params.adapter):
+            return await self.engine.generate(prompt_ids, params, request_id)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
                      request_id: str) -> AsyncIterator[Chunk]:
         await self._started()
-        async for chunk in self.engine.stream(prompt_ids, params, request_id):
-            yield chunk
+        async with self._turn(params.adapter):
+            async for chunk in self.engine.stream(prompt_ids, params, request_id):
+                yield chunk
 
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort(request_id)
@@ -112,13 +130,12 @@ class EngineServer:
     async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1,
                               adapter: str | None = None) -> tuple[int, list[float]]:
         await self._started()
-        return await self.engine.prompt_logprobs(prompt_ids, first, adapter)
+        async with self._turn(adapter):
+            return await self.engine.prompt_logprobs(prompt_ids, first, adapter)
 
     async def update_adapter(self, name: str, version: int, handle: WeightHandle, scale: float) -> int:
         """Serve ``version`` of LoRA adapter ``name`` beside the others (``Engine.update_adapter``)."""
-        await self._started()
-        await self._receivable(handle)
-        return await self.engine.update_adapter(name, version, handle, scale)
+        return await self.load(version, handle, AdapterSpec(name, scale))
 
     async def remove_adapter(self, name: str) -> None:
         await self.engine.remove_adapter(name)
@@ -142,4 +159,7 @@ class EngineServer:
         await asyncio.Event().wait()
 
     def stats(self) -> dict[str, float]:
-        return self.engine.stats()
+        out = self.engine.stats()
+        if self.gate is not None:
+            out |= {"fair_running": float(self.gate.busy), "fair_waiting": float(self.gate.waiting())}
+        return out

@@ -394,7 +394,8 @@ class VLLMEngine(Engine):
         check_fits(self._shapes, shapes, version, self._tied, "the engine's model")
 
     def stats(self) -> dict[str, float]:
-        return {**self._stats, "open_requests": float(len(self._open)), "version": float(self._version)}
+        return {**self._stats, "open_requests": float(len(self._open)), "version": float(self._version),
+                "adapters": float(len(self._adapters.current))}
 
     async def close(self) -> None:
         if self._llm is None:

@@ -1,0 +1,199 @@
+"""Shared engine pools (``cluster.pool``) and the fair gate in front of their engines:
+
+- the gate hands a freed slot to the adapter with the fewest requests running, caps each
+  adapter's share, and a tenant flooding a real engine does not starve another;
+- three tenants' adapters on one pool's engine, their requests in mixed batches, each decoded
+  with its own adapter exactly as alone (tokens and log-probs);
+- on Ray: a LoRA run attaches to a pool instead of starting engines, trains, and leaves the
+  pool serving (same engine process, its adapter unloaded); a run killed without detaching is
+  detached by the pool's watch; a full pool refuses one more run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from learner.config import LoRAConfig
+from rollout.config import HFEngineConfig
+from rollout.engines.base import AdapterSpec, SamplingParams
+from rollout.engines.fair import FairGate
+from rollout.engines.transport import InMemoryWeights
+from tests.lora_fixtures import random_adapter
+
+LORA = LoRAConfig(rank=4, alpha=8)
+TENANTS = ("alice-run", "bob-run", "carol-run")
+
+
+def test_the_fair_gate_gives_a_freed_slot_to_the_key_with_fewest_running() -> None:
+    async def run() -> list[str]:
+        gate, order = FairGate(total=2, per_key=2), []
+
+        async def one(key: str, hold: float) -> None:
+            async with gate.slot(key):
+                order.append(key)
+                await asyncio.sleep(hold)
+
+        flood = [asyncio.create_task(one("a", 0.05)) for _ in range(6)]
+        await asyncio.sleep(0.01)  # a holds both slots, four of its requests wait
+        late = asyncio.create_task(one("b", 0.0))
+        await asyncio.gather(*flood, late)
+        assert gate.busy == 0 and gate.waiting() == 0
+        return order
+
+    order = asyncio.run(run())
+    assert order[:2] == ["a", "a"] and order[2] == "b"  # the first freed slot: b, not a's older waiters
+
+
+def test_the_fair_gate_caps_one_keys_share_and_forgets_cancelled_waiters() -> None:
+    async def run() -> None:
+        gate, peak = FairGate(total=4, per_key=2), []
+
+        async def one(key: str) -> None:
+            async with gate.slot(key):
+                peak.append(gate.running.get(key, 0))
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(*[one("a") for _ in range(8)])
+        assert max(peak) == 2  # four slots, but a never held more than its two
+        await gate.acquire("a")
+        await gate.acquire("a")
+        waiter = asyncio.create_task(gate.acquire("a"))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert gate.waiting() == 0 and gate.running == {"a": 2}
+        gate.release("a")
+        gate.release("a")
+        with pytest.raises(RuntimeError, match="without a holder"):
+            gate.release("a")
+
+    asyncio.run(run())
+
+
+def _server(policy: str, fair: tuple[int, int] | None):
+    from rollout.engines.server import EngineServer
+
+    return EngineServer(HFEngineConfig(max_batch=8, batch_wait_ms=0.0), policy, seed=0, fair=fair)
+
+
+def test_a_tenant_flooding_an_engine_does_not_starve_another(tiny_policy) -> None:
+    """Alice sends 12 requests at once, Bob one once hers queue: with the pool's gate (two
+    running, one per adapter) at most one of Alice's finishes between Bob's arrival and his
+    answer (FIFO would put all her queued ones first); Alice never holds more than her share."""
+    policy = tiny_policy[0]
+
+    async def run() -> tuple[list[str], int, int]:
+        server, done, peak = _server(policy, fair=(2, 1)), [], [0]
+        for i, name in enumerate(TENANTS[:2]):
+            await server.update_adapter(name, 1, InMemoryWeights(random_adapter(policy, LORA, i)[0]), 2.0)
+
+        async def one(name: str, i: int) -> None:
+            params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=i, adapter=name)
+            await server.generate([5, 6, 7, 8], params, f"{name}-{i}")
+            peak[0] = max(peak[0], server.gate.running.get(TENANTS[0], 0))
+            done.append(name)
+
+        flood = [asyncio.create_task(one(TENANTS[0], i)) for i in range(12)]
+        while server.gate.waiting(TENANTS[0]) < 8:  # most of hers wait behind the gate
+            await asyncio.sleep(0.001)
+        arrived = len(done)
+        await asyncio.gather(*flood, one(TENANTS[1], 99))
+        return done, peak[0], arrived
+
+    done, alice_peak, arrived = asyncio.run(run())
+    assert done.index(TENANTS[1]) - arrived <= 1, (done, arrived)
+    assert alice_peak <= 1
+
+
+def _isolation(policy: str, client_for) -> None:
+    """Each tenant's requests decoded alone, then all tenants' at once (mixed batches):
+    the same tokens and log-probs, request by request."""
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(temperature=1.0, max_new_tokens=10, seed=100 + i)
+
+    async def alone() -> dict:
+        return {(t, i): await client_for(t).generate(p, params(i)) for t in TENANTS for i, p in enumerate(prompts)}
+
+    async def mixed() -> dict:
+        keys = [(t, i) for i in range(len(prompts)) for t in TENANTS]
+        got = await asyncio.gather(*[client_for(t).generate(prompts[i], params(i)) for t, i in keys])
+        return dict(zip(keys, got))
+
+    want = asyncio.run(alone())
+    got = asyncio.run(mixed())
+    for key, completion in got.items():
+        assert completion.adapter == key[0]
+        assert completion.token_ids == want[key].token_ids, key
+        assert completion.logprobs == pytest.approx(want[key].logprobs, abs=1e-4), key
+    # the adapters differ: the same prompts and seeds decode differently per tenant
+    assert len({tuple(tuple(want[(t, i)].token_ids) for i in range(len(prompts))) for t in TENANTS}) == 3
+
+
+@pytest.mark.slow
+def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(tiny_policy, ray_cluster) -> None:
+    import ray
+
+    from cluster.pool import PoolConfig, start_pool
+    from rollout.engines.client import AdapterClient, RayEngineClient
+
+    policy = tiny_policy[0]
+    cfg = PoolConfig(model=policy, engine={"type": "hf", "count": 1, "max_batch": 16, "num_cpus": 0.2})
+    pool = start_pool("isolation", cfg, policy)
+    try:
+        engines = ray.get(pool.start.remote())["engines"]
+        specs = {t: AdapterSpec(t, LORA.alpha / LORA.rank) for t in TENANTS}
+        for i, t in enumerate(TENANTS):  # as each run's weight sync pushes its version 1
+            ray.get([e.load.remote(1, InMemoryWeights(random_adapter(policy, LORA, i)[0]), specs[t]) for e in engines])
+        group = RayEngineClient(engines, policy)
+        clients = {t: AdapterClient(group, specs[t]) for t in TENANTS}
+        _isolation(policy, clients.__getitem__)
+        assert ray.get(engines[0].stats.remote())["adapters"] == 3
+    finally:
+        ray.kill(pool)
+
+
+@pytest.mark.slow
+def test_a_pool_outlives_its_runs_and_forgets_dead_ones(tiny_run_config, tiny_policy, ray_cluster, tmp_path) -> None:
+    import ray
+
+    from cluster.driver import train
+    from cluster.pool import PoolConfig, start_pool
+    from learner.weights import WeightSync
+
+    policy = tiny_policy[0]
+    cfg = PoolConfig(model=policy, engine={"type": "hf", "count": 1, "num_cpus": 0.2}, max_adapters=1, watch_s=0.5)
+    pool = start_pool("shared", cfg, policy)
+    try:
+        engine = ray.get(pool.start.remote())["engines"][0]
+        pid = ray.get(engine.__ray_call__.remote(lambda _: __import__("os").getpid()))
+        run = tiny_run_config([f"output_dir={tmp_path}", "name=on-pool", "train.steps=2", "rollout.group_size=2",
+                               "learner.batch_groups=2", "rollout.groups_in_flight=2", "rollout.max_new_tokens=24",
+                               "eval.num_tasks=0", "progress=none", "learner.lora={rank: 4, alpha: 8}",
+                               f"policy.path={policy}", "rollout.pool=shared", "rollout.engine.num_cpus=0.2"])
+        result = train(run, on_stage=lambda s: None)
+        assert result.steps == 2 and not result.interrupted
+        stats = ray.get(pool.stats.remote())
+        assert stats["runs"] == [] and stats["detached"] == 1  # the run detached as it ended
+        assert stats["engines"][0]["adapters"] == 0  # and its adapter left the engine
+        assert ray.get(engine.__ray_call__.remote(lambda _: __import__("os").getpid())) == pid  # same engine
+        assert stats["engines"][0]["requests"] > 0
+
+        spec = AdapterSpec("killed-run", 2.0)
+        sync = ray.remote(WeightSync).remote([], [], None)
+        ray.get(pool.attach.remote("killed-run", spec, sync))
+        with pytest.raises(ray.exceptions.RayTaskError, match="max_adapters"):
+            ray.get(pool.attach.remote("another-run", spec, sync))
+        ray.kill(sync)  # a run killed without detaching
+        deadline = time.monotonic() + 30
+        while ray.get(pool.stats.remote())["runs"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.get(pool.stats.remote())["runs"] == []
+        assert ray.get(pool.attach.remote("another-run", spec, sync)) == [engine]  # its slot is free again
+    finally:
+        ray.kill(pool)
