@@ -82,11 +82,11 @@ def judges_early(cfg: RunConfig) -> bool:
     return cfg.rewards.prm is not None and cfg.rewards.prm.type == "judge" and cfg.rewards.prm.hindsight
 
 
-def served_model(cfg: RunConfig, run_id: str) -> str:
+def served_model(cfg: RunConfig) -> str:
     """The OpenAI ``model`` the run's endpoint serves: on a shared engine pool, the run's
-    adapter (named for the run id, so a request naming another run's adapter is a 404 here);
-    otherwise ``live.model_name``."""
-    return run_id if cfg.rollout.pool is not None else cfg.live.model_name
+    adapter, named as its tenant knows the run (``name``: the run id the run service shows), so
+    a request naming another run's adapter is a 404 here; otherwise ``live.model_name``."""
+    return cfg.name if cfg.rollout.pool is not None else cfg.live.model_name
 
 
 def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, run_dir: str,
@@ -99,7 +99,7 @@ def start_gateway(cfg: RunConfig, engine_client: Any, reward: Any, replay: Any, 
     # Not telemetry.instrument-ed: the gateway serves its own /metrics (it has histograms).
     # A run that trains on rollouts only serves and records sessions but never fills replay.
     ports = ActorLivePorts(reward, replay) if cfg.train.source != "rollout" else None
-    live = cfg.live.model_copy(update={"model_name": served_model(cfg, run_id)})
+    live = cfg.live.model_copy(update={"model_name": served_model(cfg)})
     actor = ray.remote(LiveGateway).options(num_cpus=cfg.live.num_cpus, max_concurrency=10_000,
                                                  resources=cfg.cluster.service_resources).remote(
         live, engine_client, ports, scorable_without_feedback(cfg), run_id,

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel
 
-from cluster.config import RunConfig, build_config
+from cluster.config import ConfigError, RunConfig, build_config
 from services.config import LimitsConfig, ServiceConfig, ServiceConfigError
 from services.secrets import secret_fields
 from storage.places import PlaceError, check_prefix, classify, exists, under_prefix
@@ -117,6 +117,8 @@ RULES: dict[str, Rule] = {
                                      "requires live.tokens"),
     "LiveConfig.model_name": Rule("inert", "the model id the endpoint reports"),
     "LiveConfig.tokens": Rule("inert", "bearer tokens the run's own endpoint accepts"),
+    "RolloutConfig.pool": Rule("inert", "the name of an engine pool the operator declared (ServiceConfig.pools), "
+                                        "checked against them; the pool sets policy.path and rollout.engine"),
 }
 
 
@@ -171,18 +173,19 @@ def _resolve(value: str, base: Path) -> Path | None:
 def demand(cfg: RunConfig) -> dict[str, float]:
     """Ray actors, CPUs and GPUs the run asks for: the actors ``cluster.actors.start_actors``
     and ``cluster.reward_service.start_reward_service`` create, with their resources."""
-    from cluster.actors import run_cpus
+    from cluster.actors import own_engines, run_cpus
     from cluster.reward_service import reward_pools
 
     sc, ro = cfg.rewards.service, cfg.rollout
     scorers, judges = reward_pools(cfg)
     cpus = run_cpus(cfg) + scorers * sc.scorer_num_cpus + judges * sc.judge_num_cpus
-    # replay, weight sync and reward service, plus the learner's ranks, the pools, engines
-    # and gateway
+    # replay, weight sync and reward service, plus the learner's ranks, the reward pools, the
+    # engines (none on a shared engine pool) and gateway
+    engines = own_engines(cfg)
     actors = (3 + cfg.learner.world_size + ro.num_workers + ro.env_actors.count + scorers + judges
-              + ro.engine.count + cfg.live.enabled)
+              + engines + cfg.live.enabled)
     return {"actors": actors, "cpus": cpus,
-            "gpus": ro.engine.count * ro.engine.gpus_per_engine() + cfg.learner.world_size * cfg.learner.num_gpus}
+            "gpus": engines * ro.engine.gpus_per_engine() + cfg.learner.world_size * cfg.learner.num_gpus}
 
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
@@ -244,7 +247,10 @@ class Admission:
             _set(tree, loc, real)
         errors: list[dict[str, str]] = []
         ctx = _Walk(self, run_cfg, body, owner, run_dir, tree, errors)
+        on_pool = self._pool(run_cfg, body, tree, errors)
         for loc, name, rule, holder in sensitive_fields(run_cfg):
+            if on_pool and loc == ("policy", "path"):
+                continue  # the pool's model, set by the operator
             ctx.check(loc, rule, getattr(holder, name), holder)
         # The service decides where the run writes, how it reports and which cluster it joins.
         _set(tree, ("name",), run_dir.name)
@@ -252,11 +258,43 @@ class Admission:
         _set(tree, ("progress",), "log")
         _set(tree, ("cluster", "address"), None)
         _set(tree, ("cluster", "storage"), None)
-        admitted = build_config(tree) if not errors else run_cfg
+        try:
+            admitted = build_config(tree) if not errors else run_cfg
+        except ConfigError as exc:  # the pool's engine refuses the run's adapter (its rank)
+            raise InvalidRunConfig([*errors, {"loc": "rollout.pool", "msg": str(exc), "type": "value_error"}]) from None
         errors += limit_errors(admitted, self.cfg.limits_for(owner), owner)
         if errors:
             raise InvalidRunConfig(errors)
         return admitted
+
+    def _pool(self, run_cfg: RunConfig, body: dict[str, Any], tree: dict[str, Any],
+              errors: list[dict[str, str]]) -> bool:
+        """A run naming an engine pool gets the pool's model and engine settings (a submitted
+        value that differs is refused, never silently replaced). True when it names one."""
+        name = run_cfg.rollout.pool
+        if name is None:
+            return False
+        pool = self.cfg.pools.get(name)
+        if pool is None:
+            errors.append({"loc": "rollout.pool", "type": "not_allowed_pool",
+                           "msg": f"no engine pool {name!r}; this service's pools are {sorted(self.cfg.pools)} "
+                                  "(GET /v1/pools)"})
+            return True
+        if _has(body, ("policy", "path")) and run_cfg.policy.path != pool.model:
+            errors.append({"loc": "policy.path", "type": "not_allowed_pool",
+                           "msg": f"a run on engine pool {name!r} trains an adapter of the pool's model "
+                                  f"{pool.model!r}: remove policy.path"})
+        if _has(body, ("policy", "sft")):
+            errors.append({"loc": "policy.sft", "type": "not_allowed_pool",
+                           "msg": f"a run on engine pool {name!r} trains its adapter on the pool's model as it is "
+                                  "(no warm start): remove policy.sft"})
+        if _has(body, ("rollout", "engine")):
+            errors.append({"loc": "rollout.engine", "type": "not_allowed_pool",
+                           "msg": f"a run on engine pool {name!r} uses the pool's engines: remove rollout.engine"})
+        _set(tree, ("policy", "path"), pool.model)
+        _set(tree, ("policy", "sft", "enabled"), False)  # the adapter trains on the pool's base as it is
+        _set(tree, ("rollout", "engine"), pool.engine.model_dump(mode="json"))
+        return True
 
 
 @dataclass

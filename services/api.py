@@ -58,8 +58,18 @@ async def _poll(state: ServiceState) -> None:
             state.ray_up = await run_in_threadpool(state.jobs.up)
             if state.ray_up:
                 await run_in_threadpool(state.manager.reconcile)
+                await run_in_threadpool(_ensure_pools, state)
         except Exception:  # the poller must survive anything one round throws
             log.exception("refreshing run status failed")
+
+
+def _ensure_pools(state: ServiceState) -> None:
+    """Start the declared engine pools that are not running (a failure is logged, retried at
+    the next poll)."""
+    try:
+        state.manager.pools.ensure()
+    except RayUnavailable as exc:
+        log.warning("engine pools not checked: %s", exc)
 
 
 def _owned(state: ServiceState, run_id: str, principal: Principal) -> RunRecord:
@@ -91,6 +101,8 @@ def create_app(state: ServiceState) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.ray_up = await run_in_threadpool(state.jobs.up)
         await run_in_threadpool(state.manager.reconcile, True)  # reconnect after a restart
+        if state.ray_up:
+            await run_in_threadpool(_ensure_pools, state)
         poller = asyncio.create_task(_poll(state))
         yield
         poller.cancel()
@@ -222,6 +234,17 @@ def _read_routes(app: FastAPI, state: ServiceState) -> None:
         """The caller's runs, newest first."""
         recs = manager.registry.list(owner=principal.name, statuses=(status,) if status else None)
         return {"runs": [manager.summary(r) for r in recs]}
+
+    @app.get("/v1/pools", response_model=schemas.PoolList, operation_id="listPools", tags=["pools"],
+             responses=schemas.ERRORS)
+    def list_pools(principal: Auth) -> dict[str, Any]:
+        """The engine pools runs may name in ``rollout.pool``: model, engines, room, status
+        (``attached`` counts every tenant's active runs; ``mine``, the caller's)."""
+        runs = manager.pool_runs()
+        pools = manager.pools.describe({name: len(recs) for name, recs in runs.items()})
+        for pool in pools:
+            pool["mine"] = sum(r.owner == principal.name for r in runs.get(pool["name"], []))
+        return {"pools": pools}
 
     @app.get("/v1/runs/{run_id}", response_model=schemas.RunDetail, operation_id="getRun", tags=["runs"],
              responses=schemas.ERRORS)

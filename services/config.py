@@ -7,11 +7,14 @@ never shows them, and may come from environment variables instead of the file.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from cluster.pool import PoolConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 
@@ -229,6 +232,9 @@ class LimitsConfig(BaseModel):
     """Most memory the run's settings reserve together: engine KV caches (``count`` x vLLM
     ``cpu_kv_cache_gib`` or hf ``prefix_cache_mib``), ``replay.capacity_bytes`` and
     ``rollout.weights.bucket_mib``."""
+    max_pool_adapters: int = Field(2, ge=1)
+    """Runs (adapters) one tenant may have on one engine pool at once (429 beyond); the
+    pool's own ``max_adapters`` bounds all tenants together."""
     max_tiny_params: int = Field(50_000_000, ge=1)
     """Most parameters of the builtin policy (``policy.tiny``) the run builds and trains by SFT."""
 
@@ -271,6 +277,18 @@ class ServiceConfig(BaseModel):
     """Per-tenant limits, for every token name."""
     tenant_limits: dict[str, LimitsConfig] = {}
     """Overrides of ``limits`` by token name; only the keys written replace the defaults."""
+    pools: dict[str, PoolConfig] = {}
+    """Shared engine pools by name: engines of one base model that the service starts as Ray
+    jobs of their own and LoRA runs attach to (``rollout.pool``) instead of starting engines;
+    each run trains and serves its own adapter on them (docs/tenants.md). Empty: none."""
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, pools: dict[str, PoolConfig]) -> dict[str, PoolConfig]:
+        bad = [name for name in pools if not re.fullmatch(NAME_PATTERN, name)]
+        if bad:
+            raise ValueError(f"pool names {bad}: use letters, digits, '.', '_' and '-' (at most 64)")
+        return pools
 
     def limits_for(self, owner: str) -> LimitsConfig:
         override = self.tenant_limits.get(owner)

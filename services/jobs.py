@@ -76,11 +76,11 @@ class RayJobs:
                 raise JobNotFound(args[0] if args else "") from None
             raise RayUnavailable(f"Ray job server at {self.address} failed: {exc}") from None
 
-    def entrypoint(self, config_path: Path) -> str:
+    def entrypoint(self, config_path: Path, module: str = "services.job") -> str:
         python = self.cfg.python or sys.executable
         workdir = self.cfg.workdir()
         # services.job is `turnrl train` with the run's secrets read from its 0600 file
-        train = f"{shlex.quote(python)} -m services.job {shlex.quote(str(config_path))}"
+        train = f"{shlex.quote(python)} -m {module} {shlex.quote(str(config_path))}"
         if self.cfg.stop_signal == "SIGINT":
             # Ray starts jobs with SIGINT ignored; GNU env restores the default so that Python
             # turns the stop signal into KeyboardInterrupt (the driver's checkpointing path).
@@ -96,9 +96,11 @@ class RayJobs:
                 # the driver's own ray.init(runtime_env=...) may set the same variables
                 "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
 
-    def submit(self, run_id: str, config_path: Path, metadata: dict[str, str]) -> None:
+    def submit(self, run_id: str, config_path: Path, metadata: dict[str, str], module: str = "services.job") -> None:
+        """Start ``python -m <module> <config_path>`` as the job ``run_id`` (a run, or with
+        ``module="cluster.pool"`` an engine pool)."""
         try:
-            self.client.submit_job(entrypoint=self.entrypoint(config_path), submission_id=run_id,
+            self.client.submit_job(entrypoint=self.entrypoint(config_path, module), submission_id=run_id,
                                    runtime_env={"env_vars": self.env()}, metadata=metadata)
         except RayUnavailable:
             raise
@@ -124,6 +126,12 @@ class RayJobs:
 
     def delete(self, run_id: str) -> bool:
         return bool(self._call("delete_job", run_id))
+
+    def with_metadata(self, key: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(submission id, run status, metadata) of every job whose metadata has ``key``."""
+        jobs = self._call("list_jobs")
+        return [(j.submission_id, RAY_STATUS.get(getattr(j.status, "value", str(j.status)), "running"), j.metadata)
+                for j in jobs if key in (j.metadata or {})]
 
     def up(self) -> bool:
         from services.ray_cluster import job_server_up

@@ -28,6 +28,7 @@ from cluster.telemetry import TARGETS_FILE
 from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
+from services.pools import PoolJobs
 from services.registry import ACTIVE, TERMINAL, RunRecord, RunRegistry
 from services.secrets import write_secrets
 
@@ -39,6 +40,15 @@ _TAIL_BYTES = 256 * 1024
 # A run is recorded before Ray has its job; until then a status poll finds no job. Only a
 # run older than this is declared lost when Ray does not know it.
 LOST_GRACE_S = 60.0
+
+
+def pool_of(run_dir: str | Path) -> str | None:
+    """The engine pool an admitted run names (``rollout.pool`` in its run.yaml), or None."""
+    try:
+        tree = yaml.safe_load((Path(run_dir) / RUN_CONFIG_FILE).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    return (tree.get("rollout") or {}).get("pool")
 
 
 class Conflict(RuntimeError):
@@ -135,6 +145,7 @@ class RunManager:
         self.runs_dir = cfg.runs_path()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.admission = Admission(cfg)  # refuses read roots that overlap the runs
+        self.pools = PoolJobs(cfg, jobs)
         # admission's demand() counts actors with cluster.actors' rules, which import torch (seconds
         # on a busy machine): imported at start, not inside the first submission's request
         import cluster.actors  # noqa: F401
@@ -155,6 +166,8 @@ class RunManager:
             if active >= limit:
                 raise TooManyRuns(f"{owner!r} has {active} active runs; limits.max_concurrent_runs={limit}: "
                                   "wait for one to finish or stop one")
+            if run_cfg.rollout.pool is not None:
+                self._pool_room(owner, run_cfg.rollout.pool)
             self._record(owner, slug, run_cfg, run_dir)
         try:
             self.jobs.submit(run_id, run_dir / RUN_CONFIG_FILE, {"turnrl_run": run_id, "owner": owner})
@@ -163,6 +176,26 @@ class RunManager:
             raise
         log.info("run %s submitted by %s", run_id, owner)
         return self.registry.get(run_id)
+
+    def pool_runs(self) -> dict[str, list[RunRecord]]:
+        """Active runs by the engine pool they name."""
+        out: dict[str, list[RunRecord]] = {}
+        for rec in self.registry.list(statuses=ACTIVE):
+            if (name := pool_of(rec.run_dir)) is not None:
+                out.setdefault(name, []).append(rec)
+        return out
+
+    def _pool_room(self, owner: str, pool: str) -> None:
+        """429 unless the pool and the tenant's share of it have room for one more adapter."""
+        runs = self.pool_runs().get(pool, [])
+        room = self.cfg.pools[pool].max_adapters
+        if len(runs) >= room:
+            raise TooManyRuns(f"engine pool {pool!r} serves {len(runs)} runs, its max_adapters={room}: wait for "
+                              "one to finish")
+        mine, limit = sum(r.owner == owner for r in runs), self.cfg.limits_for(owner).max_pool_adapters
+        if mine >= limit:
+            raise TooManyRuns(f"{owner!r} has {mine} runs on engine pool {pool!r}; limits.max_pool_adapters="
+                              f"{limit}: wait for one to finish or stop one")
 
     def _record(self, owner: str, slug: str, run_cfg: RunConfig, run_dir: Path) -> RunRecord:
         run_dir.mkdir(mode=0o700)  # other users of the machine cannot look in

@@ -95,6 +95,35 @@ class RunList(BaseModel):
     """The caller's runs, newest first."""
 
 
+class Pool(BaseModel):
+    """A shared engine pool (``ServiceConfig.pools``) as tenants see it."""
+
+    name: str
+    """What a run names in ``rollout.pool``."""
+    model: str
+    """The base model every run on it trains an adapter of (its ``policy.path``)."""
+    engine: str
+    """Engine type (``hf`` or ``vllm``)."""
+    engines: int
+    """Engine actors in the pool."""
+    max_adapters: int
+    """Runs it serves at once, every tenant's together."""
+    attached: int
+    """Active runs naming it, every tenant's."""
+    mine: int
+    """Active runs of the caller naming it (``limits.max_pool_adapters`` bounds them)."""
+    status: str
+    """Its Ray job's status: pending, running, down (the service starts it again), or unknown
+    (Ray's job server does not answer)."""
+    job: str | None
+    """Its Ray job's submission id."""
+
+
+class PoolList(BaseModel):
+    pools: list[Pool]
+    """Every pool the service declares."""
+
+
 class MetricsPage(BaseModel):
     """Rows of metrics.jsonl after a cursor; pass ``cursor`` back to get only newer rows."""
 

@@ -4,9 +4,9 @@
   adapter's share, and a tenant flooding a real engine does not starve another;
 - three tenants' adapters on one pool's engine, their requests in mixed batches, each decoded
   with its own adapter exactly as alone (tokens and log-probs);
-- on Ray: a LoRA run attaches to a pool instead of starting engines, trains, and leaves the
-  pool serving (same engine process, its adapter unloaded); a run killed without detaching is
-  detached by the pool's watch; a full pool refuses one more run.
+- on Ray: a run killed without detaching is detached by the pool's watch (its adapter
+  unloaded, its slot free); a full pool refuses one more run. (Runs attaching, training and
+  leaving the pool serving, through the run service: tests/test_tenants.py.)
 """
 
 from __future__ import annotations
@@ -159,10 +159,10 @@ def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(tiny_polic
 
 
 @pytest.mark.slow
-def test_a_pool_outlives_its_runs_and_forgets_dead_ones(tiny_run_config, tiny_policy, ray_cluster, tmp_path) -> None:
+def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(tiny_policy, ray_cluster) -> None:
+    """(A run attaching, training and detaching as it ends: tests/test_tenants.py.)"""
     import ray
 
-    from cluster.driver import train
     from cluster.pool import PoolConfig, start_pool
     from learner.weights import WeightSync
 
@@ -171,29 +171,20 @@ def test_a_pool_outlives_its_runs_and_forgets_dead_ones(tiny_run_config, tiny_po
     pool = start_pool("shared", cfg, policy)
     try:
         engine = ray.get(pool.start.remote())["engines"][0]
-        pid = ray.get(engine.__ray_call__.remote(lambda _: __import__("os").getpid()))
-        run = tiny_run_config([f"output_dir={tmp_path}", "name=on-pool", "train.steps=2", "rollout.group_size=2",
-                               "learner.batch_groups=2", "rollout.groups_in_flight=2", "rollout.max_new_tokens=24",
-                               "eval.num_tasks=0", "progress=none", "learner.lora={rank: 4, alpha: 8}",
-                               f"policy.path={policy}", "rollout.pool=shared", "rollout.engine.num_cpus=0.2"])
-        result = train(run, on_stage=lambda s: None)
-        assert result.steps == 2 and not result.interrupted
-        stats = ray.get(pool.stats.remote())
-        assert stats["runs"] == [] and stats["detached"] == 1  # the run detached as it ended
-        assert stats["engines"][0]["adapters"] == 0  # and its adapter left the engine
-        assert ray.get(engine.__ray_call__.remote(lambda _: __import__("os").getpid())) == pid  # same engine
-        assert stats["engines"][0]["requests"] > 0
-
         spec = AdapterSpec("killed-run", 2.0)
         sync = ray.remote(WeightSync).remote([], [], None)
-        ray.get(pool.attach.remote("killed-run", spec, sync))
+        assert ray.get(pool.attach.remote("killed-run", spec, sync)) == [engine]
+        ray.get(engine.load.remote(1, InMemoryWeights(random_adapter(policy, LORA, 0)[0]), spec))
         with pytest.raises(ray.exceptions.RayTaskError, match="max_adapters"):
             ray.get(pool.attach.remote("another-run", spec, sync))
         ray.kill(sync)  # a run killed without detaching
         deadline = time.monotonic() + 30
         while ray.get(pool.stats.remote())["runs"] and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert ray.get(pool.stats.remote())["runs"] == []
-        assert ray.get(pool.attach.remote("another-run", spec, sync)) == [engine]  # its slot is free again
+        stats = ray.get(pool.stats.remote())
+        assert stats["runs"] == [] and stats["detached"] == 1
+        assert stats["engines"][0]["adapters"] == 0  # its adapter left the engine
+        other = ray.remote(WeightSync).remote([], [], None)
+        assert ray.get(pool.attach.remote("another-run", spec, other)) == [engine]  # its slot is free again
     finally:
         ray.kill(pool)

@@ -1,0 +1,150 @@
+"""Many tenants on one engine pool, through the run service.
+
+- Admission (no Ray behind the service): a run naming a pool gets the pool's model and
+  engines; naming an unknown pool, another model, engines of its own, a warm start or no
+  adapter is refused naming the field; a full pool, or a tenant at its share of it, gets 429.
+- For real (slow): the service starts the pool as a Ray job; alice's and bob's LoRA runs
+  attach to it, each serving its own endpoint through the pool with its adapter (the OpenAI
+  ``model`` is the run's adapter: another run's is a 404, another tenant's token a 401), its
+  sessions recorded by its own run only; a third tenant is refused while the pool is full;
+  bob's run ends and alice's is stopped, and the pool serves on, the same job and engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from conftest import ROOT
+
+from cluster.config import apply_overrides
+from services.registry import RunRecord
+
+from service_fixture import ALICE, BOB, bearer, ray_down, serve
+
+CAROL = "carol-token-0123456789abc"
+TOKENS = f"alice={ALICE},bob={BOB},carol={CAROL}"
+ENV = ["env.num_entities=80", "env.num_train_tasks=300", "env.num_heldout_tasks=40"]
+
+
+def pool_run(name: str, steps: int, *extra: str) -> dict[str, Any]:
+    return apply_overrides({}, [*ENV, f"name={name}", f"train.steps={steps}", "rollout.pool=shared",
+                                "learner.lora={rank: 4, alpha: 8}", "eval.num_tasks=0", "rollout.group_size=2",
+                                "learner.batch_groups=2", "rollout.groups_in_flight=2",
+                                "rollout.max_new_tokens=24", "learner.num_cpus=0.3", *extra])
+
+
+def pools(model: str, **pool: Any) -> dict[str, Any]:
+    return {"shared": {"model": model, "engine": {"type": "hf", "count": 1, "num_cpus": 0.2}, "max_adapters": 2,
+                       "watch_s": 1.0, **pool}}
+
+
+def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp_path) -> None:
+    model = str(tmp_path / "base")
+    cfg = ray_down(tmp_path / "state", pools=pools(model), limits={"max_pool_adapters": 1})
+    with serve(cfg, TOKENS) as service:
+        def submit(body: dict[str, Any], token: str = ALICE) -> httpx.Response:
+            return httpx.post(f"{service.url}/v1/runs", json=body, headers=bearer(token), timeout=30)
+
+        res = submit(pool_run("ok", 2))
+        assert res.status_code == 503  # admitted: Ray is down behind this service
+        admitted = yaml.safe_load(_latest_run_yaml(service).read_text())
+        assert admitted["policy"]["path"] == model and admitted["policy"]["sft"]["enabled"] is False
+        assert admitted["rollout"]["engine"]["count"] == 1 and admitted["rollout"]["pool"] == "shared"
+
+        def refused(body: dict[str, Any]) -> dict[str, str]:
+            res = submit(body)
+            assert res.status_code == 422, res.text
+            return {e["loc"]: e["msg"] for e in res.json()["detail"]}
+
+        assert "this service's pools are ['shared']" in refused(pool_run("x", 2, "rollout.pool=other"))["rollout.pool"]
+        assert "remove policy.path" in refused(pool_run("x", 2, "policy.path=builtin:tiny"))["policy.path"]
+        assert "remove rollout.engine" in refused(pool_run("x", 2, "rollout.engine.count=3"))["rollout.engine"]
+        assert "remove policy.sft" in refused(pool_run("x", 2, "policy.sft.steps=5"))["policy.sft"]
+        no_lora = pool_run("x", 2)
+        del no_lora["learner"]["lora"]
+        assert "set learner.lora" in refused(no_lora)["<root>"]
+
+        registry = service.state.manager.registry
+        for i, owner in enumerate(("alice", "bob")):  # two active runs on the pool
+            run_dir = tmp_path / f"busy-{i}"
+            run_dir.mkdir()
+            (run_dir / "run.yaml").write_text(yaml.safe_dump({"rollout": {"pool": "shared"}}))
+            registry.add(RunRecord(id=f"busy-{i}", owner=owner, name="busy", status="running", run_dir=str(run_dir),
+                                   total_steps=1, created_at=1e12, updated_at=1e12))
+        res = submit(pool_run("third", 2), CAROL)
+        assert res.status_code == 429 and "max_adapters=2" in res.json()["detail"]
+        registry.delete("busy-1")
+        res = submit(pool_run("second", 2))  # room in the pool, but alice has her one
+        assert res.status_code == 429 and "limits.max_pool_adapters=1" in res.json()["detail"]
+        listed = httpx.get(f"{service.url}/v1/pools", headers=bearer(ALICE), timeout=30).json()["pools"]
+        assert listed == [{"name": "shared", "model": model, "engine": "hf", "engines": 1, "max_adapters": 2,
+                           "attached": 1, "mine": 1, "status": "unknown", "job": None}]
+
+
+def _latest_run_yaml(service) -> Path:
+    return max(service.state.manager.runs_dir.glob("*/run.yaml"), key=lambda p: p.stat().st_mtime)
+
+
+def test_a_vllm_pool_refuses_an_adapter_above_its_rank(tmp_path) -> None:
+    vllm = {"type": "vllm", "count": 1, "max_loras": 2, "max_lora_rank": 8}
+    cfg = ray_down(tmp_path / "state", pools=pools(str(tmp_path / "base"), engine=vllm))
+    with serve(cfg, TOKENS) as service:
+        res = httpx.post(f"{service.url}/v1/runs", json=pool_run("big", 2, "learner.lora.rank=16"),
+                         headers=bearer(ALICE), timeout=30)
+    assert res.status_code == 422
+    assert "learner.lora.rank=16 is above rollout.engine.max_lora_rank=8" in res.json()["detail"][0]["msg"]
+
+
+@pytest.mark.slow
+def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(tiny_policy, tmp_path) -> None:
+    from openai import NotFoundError, OpenAI
+
+    from services.client import ServiceClient
+    from tests.test_services_e2e import wait_for
+
+    alice_live, bob_live = "alice-live-token-0123456789", "bob-live-token-0123456789"
+    cfg = {"state_dir": str(tmp_path / "state"), "ray": {"local": {"num_cpus": 4}},
+           "jobs": {"poll_s": 1.0, "stop_grace_s": 60, "working_dir": str(ROOT)}, "pools": pools(tiny_policy[0])}
+    from services.config import ServiceConfig
+
+    with serve(ServiceConfig.model_validate(cfg), TOKENS) as service:
+        alice, bob = ServiceClient(service.url, ALICE), ServiceClient(service.url, BOB)
+
+        def pool_state() -> dict[str, Any]:
+            return httpx.get(f"{service.url}/v1/pools", headers=bearer(ALICE), timeout=30).json()["pools"][0]
+
+        job = wait_for(lambda: pool_state()["status"] == "running" and pool_state()["job"], "the pool's job")
+        a = alice.submit(pool_run("alice-a", 500, "live.enabled=true", f"live.tokens=[{alice_live}]"))["id"]
+        b = bob.submit(pool_run("bob-b", 3, "live.enabled=true", f"live.tokens=[{bob_live}]"))["id"]
+        res = httpx.post(f"{service.url}/v1/runs", json=pool_run("carol-c", 2), headers=bearer(CAROL), timeout=30)
+        assert res.status_code == 429  # the pool serves two adapters at most
+
+        url = wait_for(lambda: alice.status(a)["live_url"], "alice's endpoint", timeout_s=300)
+        oa = OpenAI(base_url=url, api_key=alice_live, max_retries=0)
+        assert [m.id for m in oa.models.list().data] == [a]  # her run's adapter is the model
+        reply = oa.chat.completions.create(model=a, messages=[{"role": "user", "content": "Who founded Tarn?"}],
+                                           max_tokens=8, extra_headers={"X-Session-Id": "alice-s1"})
+        assert reply.model == a and reply.choices[0].message is not None
+        with pytest.raises(NotFoundError):  # bob's adapter is not served at alice's endpoint
+            oa.chat.completions.create(model=b, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert httpx.get(f"{url}/models", headers=bearer(bob_live), timeout=30).status_code == 401
+        httpx.post(f"{url}/sessions/alice-s1/end", headers=bearer(alice_live), timeout=30)
+
+        wait_for(lambda: bob.status(b)["status"] == "succeeded", "bob's run to finish")
+        step = alice.status(a)["step"]
+        wait_for(lambda: alice.status(a)["step"] > step, "alice's run to go on training after bob's ended")
+        alice.stop(a)
+        wait_for(lambda: alice.status(a)["status"] == "stopped", "alice's run to stop")
+        state = pool_state()
+        assert state["status"] == "running" and state["job"] == job and state["attached"] == 0
+        sessions = [json.loads(line) for line in (Path(alice.status(a)["run_dir"]) / "live_sessions.jsonl")
+                    .read_text().splitlines()]
+        assert sessions and all(s["trajectory"]["live"]["session_id"] == "alice-s1" for s in sessions)
+        assert not (Path(bob.status(b)["run_dir"]) / "live_sessions.jsonl").exists()
+        for client in (alice, bob):
+            client.close()
