@@ -192,6 +192,9 @@ class RunConfig(BaseModel):
         if self.rollout.weights.transport == "broadcast":
             raise ValueError("rollout.pool: a pool's engines join no run's weight broadcast group: set "
                              "rollout.weights.transport=object_store or file")
+        if self.live.model_name != type(self.live).model_fields["model_name"].default:  # survives a dump
+            raise ValueError("live.model_name: the endpoint of a run on an engine pool serves the run's adapter, "
+                             "named for the run (its name; the run id over the run service): remove it")
         return self
 
     @model_validator(mode="after")

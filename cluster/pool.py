@@ -77,6 +77,14 @@ def pool_actor_name(name: str) -> str:
     return f"pool-{name}"
 
 
+def targets_dir(spec: Path) -> Path:
+    """Where a pool started from ``spec`` (``<dir>/<name>.json``) writes its engines'
+    ``prometheus_targets.json``: ``<dir>/<name>/``."""
+    folder = spec.with_suffix("")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def model_fingerprint(path: str | Path) -> str:
     """What identifies a base model folder wherever it was converted or copied to: its
     config.json and the names and sizes of its weight files."""
@@ -121,12 +129,13 @@ class EnginePool:
     def __init__(self, name: str, cfg: PoolConfig, model_path: str) -> None:
         import ray
 
+        from cluster.telemetry import instrument
         from rollout.engines.server import EngineServer
 
         self.name, self.cfg, self.model_path = name, cfg, model_path
         self.fingerprint = model_fingerprint(model_path) if Path(model_path).is_dir() else model_path
         eng = cfg.engine
-        actor = ray.remote(EngineServer).options(
+        actor = ray.remote(instrument(EngineServer, "engine")).options(
             num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources,
             max_concurrency=eng.max_concurrency, max_restarts=eng.max_restarts, max_task_retries=0)
         fair = (cfg.max_running, cfg.max_running_per_adapter)
@@ -278,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = start_pool(name, cfg, model_path)
     info = ray.get(pool.start.remote())
     print(f"pool {name}: {len(info['engines'])} {cfg.engine.type} engine(s) of {model_path} ready", flush=True)
+    from cluster.telemetry import publish_metrics_targets
+
+    # the engines' Prometheus endpoints, beside the pool's spec (the run service mirrors them)
+    publish_metrics_targets([("engine", e) for e in info["engines"]], targets_dir(Path(args[0])), pool_actor_name(name))
     try:
         ray.get(pool.vigil.remote())
     except KeyboardInterrupt:

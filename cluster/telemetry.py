@@ -67,6 +67,11 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         Spec("weight_changes_mid_request", "turnrl_engine_requests_spanning_versions", "counter",
              "Requests whose tokens came from two weight versions (an in-flight update)."),
         Spec("version", "turnrl_engine_policy_version", "gauge", "Policy version the engine serves."),
+        Spec("adapters", "turnrl_engine_adapters", "gauge", "LoRA adapters the engine holds (a pool's: one per run)."),
+        Spec("fair_running", "turnrl_engine_fair_running", "gauge",
+             "Requests holding a slot of an engine pool's fair gate."),
+        Spec("fair_waiting", "turnrl_engine_fair_waiting", "gauge",
+             "Requests waiting for a slot of an engine pool's fair gate."),
     ),
     "rollout": (
         Spec("episodes", "turnrl_rollout_episodes", "counter", "Episodes finished; rate() gives episodes/s."),

@@ -36,6 +36,7 @@ def _runs_parser() -> argparse.ArgumentParser:
     submit.add_argument("config", nargs="?", help="RunConfig YAML (defaults if omitted)")
     submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("list", help="your runs")
+    sub.add_parser("pools", help="the engine pools a LoRA run may attach to (rollout.pool)")
     for name, text in (("status", "status, step, latest metrics, checkpoints"), ("stop", "graceful stop"),
                        ("delete", "forget a finished run and delete its files")):
         cmd = sub.add_parser(name, help=text)
@@ -114,6 +115,10 @@ def _run_action(client: Any, args: argparse.Namespace) -> int:
     elif args.action == "list":
         for run in client.list():
             print(f"{run['id']}\t{run['status']}\t{run['step']}/{run['total_steps']}")
+    elif args.action == "pools":
+        for pool in client.pools():
+            print(f"{pool['name']}\t{pool['status']}\t{pool['attached']}/{pool['max_adapters']} runs "
+                  f"({pool['mine']} yours)\t{pool['engines']} {pool['engine']} engine(s) of {pool['model']}")
     elif args.action == "status":
         _print_run(client.status(args.run_id))
     elif args.action == "logs":

@@ -74,6 +74,10 @@ class ServiceClient:
         """Start a run from a RunConfig (as a dict); returns its summary (``id``, ``status``)."""
         return self._json(self._request("submitRun", json=config))
 
+    def pools(self) -> list[dict[str, Any]]:
+        """The engine pools a run may name in ``rollout.pool`` (docs/tenants.md)."""
+        return self._json(self._request("listPools"))["pools"]
+
     def list(self, status: str | None = None) -> list[dict[str, Any]]:
         params = {"status": status} if status else {}
         return self._json(self._request("listRuns", params=params))["runs"]

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from cluster.config import ConfigError, RunConfig, build_config
 from cluster.live import LIVE_FILE
+from cluster.pool import pool_actor_name, targets_dir
 from cluster.telemetry import TARGETS_FILE
 from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
@@ -260,15 +261,17 @@ class RunManager:
         wildcard only in the file name, so ``runs/*/prometheus_targets.json`` cannot be scraped."""
         sd_dir = self.cfg.prometheus_sd_path()
         sd_dir.mkdir(parents=True, exist_ok=True)
-        active = {rec.id: rec for rec in self.registry.list(statuses=ACTIVE)}
-        for rec in active.values():
+        active = {rec.id: Path(rec.run_dir) for rec in self.registry.list(statuses=ACTIVE)}
+        # the engine pools' engines too, as pool-<name>.json
+        active |= {pool_actor_name(name): targets_dir(self.pools.dir / f"{name}.json") for name in self.cfg.pools}
+        for rec_id, folder in active.items():
             try:
-                data = (Path(rec.run_dir) / TARGETS_FILE).read_bytes()
+                data = (folder / TARGETS_FILE).read_bytes()
             except FileNotFoundError:
                 continue  # actors not started yet
-            dst = sd_dir / f"{rec.id}.json"
+            dst = sd_dir / f"{rec_id}.json"
             if not dst.exists() or dst.read_bytes() != data:
-                tmp = sd_dir / f".{rec.id}.tmp"
+                tmp = sd_dir / f".{rec_id}.tmp"
                 tmp.write_bytes(data)
                 tmp.replace(dst)  # Prometheus never reads half a file
         for path in sd_dir.glob("*.json"):

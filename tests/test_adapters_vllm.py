@@ -4,7 +4,7 @@ on the tiny policy with peft adapters of random B, against the HF engine's adapt
 
 - an adapter decodes greedily what the HF engine decodes with it, log-probs within 1e-4; its
   prompt log-probs are the sampled tokens' own;
-- requests of two adapters decoded together get what each gets alone; on CPU such an engine
+- requests of three adapters (three tenants) decoded together get what each gets alone; on CPU such an engine
   refuses base-model requests (vLLM's CPU kernels would decode them with an adapter);
 - a new version of an adapter serves the requests that start after it, while one already
   running finishes on the version it started with (recording only that one), and the old
@@ -28,6 +28,7 @@ from tests.lora_fixtures import random_adapter
 LORA = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 SCALE = LORA.alpha / LORA.rank
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+TENANTS = ("a1", "a2", "a3")
 
 
 def _greedy(adapter: str | None, n: int = 12) -> SamplingParams:
@@ -36,14 +37,14 @@ def _greedy(adapter: str | None, n: int = 12) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def loras(tiny_policy) -> dict[str, dict]:
-    return {name: random_adapter(tiny_policy[0], LORA, seed)[0] for seed, name in enumerate(["a1", "a2", "a1-v2"])}
+    return {name: random_adapter(tiny_policy[0], LORA, seed)[0] for seed, name in enumerate(["a1", "a2", "a1-v2", "a3"])}
 
 
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_policy):
     from rollout.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(VLLMEngineConfig(max_model_len=512, max_loras=2, max_lora_rank=8), tiny_policy[0], seed=0)
+    engine = VLLMEngine(VLLMEngineConfig(max_model_len=512, max_loras=3, max_lora_rank=8), tiny_policy[0], seed=0)
     yield engine
     asyncio.run(engine.close())
     del engine
@@ -55,7 +56,7 @@ def _hf_served(policy: str, loras, requests: list[tuple[str | None, list[int]]])
 
     async def run() -> list:
         engine = HFEngine(HFEngineConfig(max_batch=8), policy, seed=0)
-        for name in ("a1", "a2"):
+        for name in TENANTS:
             await engine.update_adapter(name, 1, InMemoryWeights(loras[name]), SCALE)
         out = [await engine.generate(p, _greedy(a)) for a, p in requests]
         await engine.close()
@@ -65,11 +66,11 @@ def _hf_served(policy: str, loras, requests: list[tuple[str | None, list[int]]])
 
 
 def test_vllm_adapters_decode_as_the_hf_engines_alone_and_mixed(vllm_engine, tiny_policy, loras) -> None:
-    requests = [(a, p) for a in ("a1", "a2") for p in PROMPTS]
+    requests = [(a, p) for a in TENANTS for p in PROMPTS]
     want = _hf_served(tiny_policy[0], loras, requests)
 
     async def run() -> tuple[list, list, tuple]:
-        for name in ("a1", "a2"):
+        for name in TENANTS:
             assert await vllm_engine.update_adapter(name, 1, InMemoryWeights(loras[name]), SCALE) == 1
         alone = [await vllm_engine.generate(p, _greedy(a)) for a, p in requests]
         mixed = await asyncio.gather(*[vllm_engine.generate(p, _greedy(a)) for a, p in requests])

@@ -67,7 +67,7 @@ def live(tmp_path_factory) -> Iterator[Service]:
 def operations(live: Service) -> list:
     spec = httpx.get(f"{live.url}/openapi.json", headers=bearer(ALICE)).json()
     ops = [result.ok() for result in schemathesis.openapi.from_dict(spec).get_all_operations()]
-    assert len(ops) == 11  # every operation in the spec: runs (7), session (2), health, metrics
+    assert len(ops) == 12  # every operation in the spec: runs (7), pools, session (2), health, metrics
     return ops
 
 

@@ -65,6 +65,7 @@ def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp
         assert "remove policy.path" in refused(pool_run("x", 2, "policy.path=builtin:tiny"))["policy.path"]
         assert "remove rollout.engine" in refused(pool_run("x", 2, "rollout.engine.count=3"))["rollout.engine"]
         assert "remove policy.sft" in refused(pool_run("x", 2, "policy.sft.steps=5"))["policy.sft"]
+        assert "remove it" in refused(pool_run("x", 2, "live.model_name=mine"))["<root>"]
         no_lora = pool_run("x", 2)
         del no_lora["learner"]["lora"]
         assert "set learner.lora" in refused(no_lora)["<root>"]
@@ -142,6 +143,8 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
         wait_for(lambda: alice.status(a)["status"] == "stopped", "alice's run to stop")
         state = pool_state()
         assert state["status"] == "running" and state["job"] == job and state["attached"] == 0
+        targets = json.loads((tmp_path / "state" / "prometheus" / "pool-shared.json").read_text())
+        assert targets[0]["labels"] == {"component": "engine"}  # the pool's engine, scraped like runs' actors
         sessions = [json.loads(line) for line in (Path(alice.status(a)["run_dir"]) / "live_sessions.jsonl")
                     .read_text().splitlines()]
         assert sessions and all(s["trajectory"]["live"]["session_id"] == "alice-s1" for s in sessions)
