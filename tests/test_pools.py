@@ -135,15 +135,20 @@ def _isolation(policy: str, client_for) -> None:
     assert len({tuple(tuple(want[(t, i)].token_ids) for i in range(len(prompts))) for t in TENANTS}) == 3
 
 
+ENGINES = {"hf": {"type": "hf", "max_batch": 16},
+           "vllm": {"type": "vllm", "max_model_len": 512, "max_loras": 3, "max_lora_rank": 8}}
+
+
 @pytest.mark.slow
-def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(tiny_policy, ray_cluster) -> None:
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(engine, tiny_policy, ray_cluster) -> None:
     import ray
 
     from cluster.pool import PoolConfig, start_pool
     from rollout.engines.client import AdapterClient, RayEngineClient
 
     policy = tiny_policy[0]
-    cfg = PoolConfig(model=policy, engine={"type": "hf", "count": 1, "max_batch": 16, "num_cpus": 0.2})
+    cfg = PoolConfig(model=policy, engine={**ENGINES[engine], "count": 1, "num_cpus": 0.2})
     pool = start_pool("isolation", cfg, policy)
     try:
         engines = ray.get(pool.start.remote())["engines"]
