@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tenants.py [--quick] [--model tiny|smollm2] [--tenants 1,4,8]
                                       [--seconds 40] [--in-flight 4] [--rank 16] [--repeats 5]
+                                      [--parts 1,2,3]
 
 1. **Throughput.** A tenant is a LoRA run's rollout side: an actor playing ``--in-flight``
    search-QA episodes at a time with the rollout's own episode code (``run_episode``) through
@@ -139,38 +140,53 @@ async def publish_times(engine: Any, policy: str, rank: int, repeats: int) -> li
     return times
 
 
-def part1(policy: str, source: Any, args: argparse.Namespace) -> tuple[float, list[Any]]:
+def alone_rate(policy: str, source: Any, args: argparse.Namespace) -> dict[str, float]:
+    """One tenant on an engine of its own (a whole stack's, no gate): its window's counts."""
     import ray
 
-    from cluster.pool import PoolConfig, start_pool
     from rollout.config import HFEngineConfig
     from rollout.engines.server import EngineServer
 
     own = ray.remote(EngineServer).options(num_cpus=ENGINE["num_cpus"], max_concurrency=1024).remote(
         HFEngineConfig(**{k: v for k, v in ENGINE.items() if k != "type"}), policy, 0)
     ray.get(own.start.remote())
-    alone = throughput([own], load_adapters([own], policy, 1, args.rank), policy, source, args)[0]
+    got = throughput([own], load_adapters([own], policy, 1, args.rank), policy, source, args)[0]
     ray.kill(own)
-    base = alone["episodes"] / args.seconds
+    return got
+
+
+def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    import ray
+
+    from cluster.pool import PoolConfig, start_pool
+
+    pool = start_pool("bench", PoolConfig(model=policy, engine=ENGINE, max_adapters=max(args.tenants) + 16), policy)
+    return pool, ray.get(pool.start.remote())["engines"]
+
+
+def part1(policy: str, source: Any, engines: list[Any], args: argparse.Namespace) -> list[Any]:
+    """Alone, the pool at each tenant count, alone again (the baseline is their mean: this
+    machine's speed drifts over minutes). Returns the adapters loaded."""
     print(f"\n1. throughput ({args.seconds:.0f} s windows, {args.in_flight} episodes in flight per tenant, "
           f"{args.max_new_tokens} new tokens a turn)")
-    print(f"{'setup':<18}{'samples/s':>10}{'tokens/s':>10}{'vs alone':>10}{'per tenant min/max':>20}{'errors':>8}")
-    print(f"{'alone (own engine)':<18}{base:>10.2f}{alone['tokens'] / args.seconds:>10.0f}{1.0:>10.2f}"
-          f"{'':>20}{alone['errors']:>8.0f}")
-    pool = start_pool("bench", PoolConfig(model=policy, engine=ENGINE, max_adapters=max(args.tenants)), policy)
-    engines = ray.get(pool.start.remote())["engines"]
+    print(f"{'setup':<20}{'samples/s':>10}{'tokens/s':>10}{'vs alone':>10}{'per tenant min/max':>20}{'errors':>8}")
+    rows = [("alone (own engine)", [alone_rate(policy, source, args)])]
     specs: list[Any] = []
     for n in args.tenants:
         specs += load_adapters(engines, policy, n - len(specs), args.rank, first=len(specs))
-        got = throughput(engines, specs[:n], policy, source, args)
-        rate = sum(g["episodes"] for g in got) / args.seconds
-        per = [g["episodes"] for g in got]
-        print(f"{f'pool, {n} tenant(s)':<18}{rate:>10.2f}{sum(g['tokens'] for g in got) / args.seconds:>10.0f}"
-              f"{rate / base:>10.2f}{f'{min(per):.0f}/{max(per):.0f}':>20}{sum(g['errors'] for g in got):>8.0f}")
-    return base, [pool, engines, specs]
+        rows.append((f"pool, {n} tenant(s)", throughput(engines, specs[:n], policy, source, args)))
+    rows.append(("alone, again", [alone_rate(policy, source, args)]))
+    base = (rows[0][1][0]["episodes"] + rows[-1][1][0]["episodes"]) / 2 / args.seconds
+    for label, got in rows:
+        rate, per = sum(g["episodes"] for g in got) / args.seconds, [g["episodes"] for g in got]
+        spread = f"{min(per):.0f}/{max(per):.0f}" if len(per) > 1 else ""
+        print(f"{label:<20}{rate:>10.2f}{sum(g['tokens'] for g in got) / args.seconds:>10.0f}{rate / base:>10.2f}"
+              f"{spread:>20}{sum(g['errors'] for g in got):>8.0f}")
+    print(f"(vs alone: against the mean of the two alone windows, {base:.2f} samples/s)")
+    return specs
 
 
-def part2(policy: str, pool: Any, engines: list[Any], args: argparse.Namespace) -> None:
+def part2(policy: str, engines: list[Any], args: argparse.Namespace) -> None:
 
     from cluster.actors import start_actors
     from cluster.config import load_config
@@ -179,13 +195,17 @@ def part2(policy: str, pool: Any, engines: list[Any], args: argparse.Namespace) 
     sets = ["learner.lora={rank: %d, alpha: %d}" % (args.rank, 2 * args.rank), f"policy.path={policy}",
             "policy.sft.enabled=false", "eval.num_tasks=0", "progress=none", "learner.num_cpus=0.2",
             "rollout.engine.num_cpus=0.2", "cluster.reward_num_cpus=0.1", "cluster.replay_num_cpus=0.1"]
-    sizes = {}
+    sizes, roles = {}, {}
     for label, extra in (("whole stack", []), ("on the pool", ["rollout.pool=bench"])):
         cfg = load_config(None, [*sets, *extra])
         with tempfile.TemporaryDirectory() as run_dir:
             actors = start_actors(cfg, policy, run_dir, f"mem-{label.split()[0]}")
             try:
-                sizes[label] = uss_mb([pid_of(a) for a in actors.all()])
+                named = {"engine": actors.engines if actors.pool is None else [], "learner": actors.learner.ranks,
+                         "rollout": actors.rollouts, "reward": [actors.reward], "replay": [actors.replay],
+                         "weight sync": [actors.weights]}
+                roles[label] = {role: uss_mb([pid_of(a) for a in handles]) for role, handles in named.items()}
+                sizes[label] = sum(roles[label].values())
             finally:
                 actors.release()
     tenant = sizes["on the pool"] + per_adapter
@@ -194,7 +214,7 @@ def part2(policy: str, pool: Any, engines: list[Any], args: argparse.Namespace) 
           f"+ one adapter in the pool's engine {per_adapter:.1f} = {tenant:.0f}: a tenant adds "
           f"{tenant / sizes['whole stack']:.2f} of a whole stack; in the shared engine alone, "
           f"{per_adapter / (sizes['whole stack'] - sizes['on the pool']):.3f} of an engine")
-    del pool
+    print("by actor: " + "; ".join(f"{role} {mb:.0f}" for role, mb in roles["whole stack"].items()))
 
 
 def _adapter_growth(engines: list[Any], policy: str, args: argparse.Namespace) -> float:
@@ -238,7 +258,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--no-memory", action="store_true", help="skip part 2")
+    p.add_argument("--parts", default="1,2,3", help="which parts to run (3 alone: the publish latency)")
     args = p.parse_args()
     args.tenants = sorted(int(n) for n in args.tenants.split(","))
     if args.quick:
@@ -251,11 +271,17 @@ def main() -> None:
     policy, source = policy_and_source(args.model, show_progress=False)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": job_env()})
-    t0 = time.perf_counter()
-    _, (pool, engines, specs) = part1(policy, source, args)
-    if not args.no_memory:
-        part2(policy, pool, engines, args)
-    part3(policy, engines, specs, source, args)
+    t0, parts = time.perf_counter(), {int(n) for n in args.parts.split(",")}
+    pool, engines = make_pool(policy, args)
+    if 1 in parts:
+        specs = part1(policy, source, engines, args)
+    else:
+        specs = load_adapters(engines, policy, max(args.tenants), args.rank)
+    if 2 in parts:
+        part2(policy, engines, args)
+    if 3 in parts:
+        part3(policy, engines, specs, source, args)
+    ray.kill(pool)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     ray.shutdown()
 
