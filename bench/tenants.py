@@ -124,15 +124,16 @@ def throughput(engines: list[Any], specs: list[Any], policy: str, source: Any, a
     return out
 
 
-async def publish_times(engine: Any, policy: str, rank: int, repeats: int) -> list[float]:
-    """Seconds from a tenant's fresh version in hand to the engine serving it."""
+async def publish_times(engine: Any, policy: str, rank: int, versions: range) -> list[float]:
+    """Seconds from a tenant's fresh version in hand to the engine serving it, per version
+    (each newer than the last: an engine leaves a version not newer alone)."""
 
     from rollout.engines.base import AdapterSpec
     from rollout.engines.transport import ObjectStoreWeights
 
     state, scale = make_adapter(policy, rank, 99)
     spec, times = AdapterSpec("publisher", scale), []
-    for version in range(1, repeats + 1):
+    for version in versions:
         t0 = time.perf_counter()
         handle = ObjectStoreWeights.put(state)  # as the weight sync hands it over
         await engine.load.remote(version, handle, spec)
@@ -235,13 +236,14 @@ def _adapter_growth(engines: list[Any], policy: str, args: argparse.Namespace) -
 def part3(policy: str, engines: list[Any], specs: list[Any], source: Any, args: argparse.Namespace) -> None:
     import ray
 
-    idle = asyncio.run(publish_times(engines[0], policy, args.rank, args.repeats))
+    n = args.repeats
+    idle = asyncio.run(publish_times(engines[0], policy, args.rank, range(1, n + 1)))
     actor = ray.remote(num_cpus=0)(Tenant)
     tenants = [actor.remote(engines, policy, source, spec, i) for i, spec in enumerate(specs)]
-    window = args.repeats * 2.0 + 5
-    loads = [t.play.remote(window, args.in_flight, args.max_new_tokens) for t in tenants]
-    time.sleep(2.0)  # the tenants are decoding
-    busy = asyncio.run(publish_times(engines[0], policy, args.rank, args.repeats))
+    ray.get([t.warm.remote() for t in tenants])
+    loads = [t.play.remote(n * 2.0 + 10, args.in_flight, args.max_new_tokens) for t in tenants]
+    time.sleep(3.0)  # the tenants are decoding
+    busy = asyncio.run(publish_times(engines[0], policy, args.rank, range(n + 1, 2 * n + 1)))
     ray.get(loads)
     print(f"\n3. adapter publish, rank {args.rank}, object store -> pool engine (ms, best / median of {args.repeats})")
     print(f"idle: {min(idle) * 1e3:.1f} / {statistics.median(idle) * 1e3:.1f}; while {len(specs)} tenants decode: "

@@ -361,8 +361,9 @@ def publish_targets(actors: RunActors, run_dir: str, run_id: str) -> None:
     (never raises); live actors keep their endpoint, restarted ones start a new one."""
     from cluster.telemetry import publish_metrics_targets
 
+    engines = actors.engines if actors.pool is None else []  # a pool publishes its engines' own
     publish_metrics_targets([("replay", actors.replay), ("reward", actors.reward),
-                             *[("rollout", w) for w in actors.rollouts], *[("engine", e) for e in actors.engines],
+                             *[("rollout", w) for w in actors.rollouts], *[("engine", e) for e in engines],
                              ("learner", actors.learner.leader),
                              *([("gateway", actors.gateway)] if actors.gateway is not None else [])],
                             run_dir, run_id)

@@ -23,10 +23,12 @@ def step_rates(actors: Any, last: dict[str, Any]) -> dict[str, float]:
     import ray
 
     stats = _answering([w.stats.remote() for w in actors.rollouts])
-    engines = _answering([e.stats.remote() for e in actors.engines])
+    # A shared pool's engines count every tenant's tokens: a run on one counts its own, the
+    # action tokens of its finished episodes.
+    engines = _answering([e.stats.remote() for e in actors.engines]) if actors.pool is None else {}
+    tokens = {i: s["tokens"] for i, s in (engines if actors.pool is None else stats).items()}
     replay = ray.get(actors.replay.stats.remote())
-    out = rates({i: s["tokens"] for i, s in engines.items()}, {i: s["episodes"] for i, s in stats.items()},
-                time.time(), last)
+    out = rates(tokens, {i: s["episodes"] for i, s in stats.items()}, time.time(), last)
     out |= step_levels("replay", [replay]) | step_levels("rollout", stats.values())
     if actors.gateway is not None:
         out |= live_metrics(ray.get(actors.gateway.stats.remote()), last, out["throughput/interval_s"])
