@@ -87,8 +87,10 @@ def targets_dir(spec: Path) -> Path:
 
 def model_fingerprint(path: str | Path) -> str:
     """What identifies a base model folder wherever it was converted or copied to: its
-    config.json and the names and sizes of its weight files."""
+    config.json and the names and sizes of its weight files (a hub id is its own)."""
     folder = Path(path)
+    if not folder.is_dir():
+        return str(path)
     digest = hashlib.sha256((folder / "config.json").read_bytes())
     for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
         digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
@@ -133,7 +135,7 @@ class EnginePool:
         from rollout.engines.server import EngineServer
 
         self.name, self.cfg, self.model_path = name, cfg, model_path
-        self.fingerprint = model_fingerprint(model_path) if Path(model_path).is_dir() else model_path
+        self.fingerprint = model_fingerprint(model_path)
         eng = cfg.engine
         actor = ray.remote(instrument(EngineServer, "engine")).options(
             num_cpus=eng.num_cpus, num_gpus=eng.num_gpus, resources=eng.resources,
@@ -241,8 +243,7 @@ def pool_engines(name: str, policy_path: str) -> tuple[Any, list[Any]]:
 
     pool = find_pool(name)
     info = ray.get(pool.describe.remote())
-    mine = model_fingerprint(policy_path) if Path(policy_path).is_dir() else policy_path
-    if mine != info["fingerprint"]:
+    if model_fingerprint(policy_path) != info["fingerprint"]:
         raise RuntimeError(f"rollout.pool={name!r} serves the base model {info['model_path']}, not this run's "
                            f"policy.path ({policy_path}): an adapter trains against one base; set policy.path "
                            "to the pool's model (the run service does)")

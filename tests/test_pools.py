@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,11 +165,12 @@ def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(engine, ti
 
 
 @pytest.mark.slow
-def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(tiny_policy, ray_cluster) -> None:
+def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(tiny_policy, ray_cluster,
+                                                                                 tmp_path) -> None:
     """(A run attaching, training and detaching as it ends: tests/test_tenants.py.)"""
     import ray
 
-    from cluster.pool import PoolConfig, start_pool
+    from cluster.pool import PoolConfig, pool_engines, start_pool
     from learner.weights import WeightSync
 
     policy = tiny_policy[0]
@@ -176,6 +178,12 @@ def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(
     pool = start_pool("shared", cfg, policy)
     try:
         engine = ray.get(pool.start.remote())["engines"][0]
+        assert pool_engines("shared", policy)[1] == [engine]
+        other = tmp_path / "other-base"  # another model: its config differs
+        other.mkdir()
+        (other / "config.json").write_text((Path(policy) / "config.json").read_text().replace("64", "96"))
+        with pytest.raises(RuntimeError, match="serves the base model .* not this run's policy.path"):
+            pool_engines("shared", str(other))
         spec = AdapterSpec("killed-run", 2.0)
         sync = ray.remote(WeightSync).remote([], [], None)
         assert ray.get(pool.attach.remote("killed-run", spec, sync)) == [engine]
@@ -189,7 +197,7 @@ def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(
         stats = ray.get(pool.stats.remote())
         assert stats["runs"] == [] and stats["detached"] == 1
         assert stats["engines"][0]["adapters"] == 0  # its adapter left the engine
-        other = ray.remote(WeightSync).remote([], [], None)
-        assert ray.get(pool.attach.remote("another-run", spec, other)) == [engine]  # its slot is free again
+        fresh = ray.remote(WeightSync).remote([], [], None)
+        assert ray.get(pool.attach.remote("another-run", spec, fresh)) == [engine]  # its slot is free again
     finally:
         ray.kill(pool)

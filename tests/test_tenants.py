@@ -7,12 +7,16 @@
   attach to it, each serving its own endpoint through the pool with its adapter (the OpenAI
   ``model`` is the run's adapter: another run's is a 404, another tenant's token a 401), its
   sessions recorded by its own run only; a third tenant is refused while the pool is full;
-  bob's run ends and alice's is stopped, and the pool serves on, the same job and engine.
+  bob's run fails hard (its driver killed) and the pool's watch unloads his adapter while
+  alice's run trains on; alice's is stopped and detaches; the pool serves on, the same job.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,12 @@ def pool_run(name: str, steps: int, *extra: str) -> dict[str, Any]:
 def pools(model: str, **pool: Any) -> dict[str, Any]:
     return {"shared": {"model": model, "engine": {"type": "hf", "count": 1, "num_cpus": 0.2}, "max_adapters": 2,
                        "watch_s": 1.0, **pool}}
+
+
+def engine_adapters(endpoint: str) -> float:
+    """The adapters an engine holds, from its Prometheus endpoint (``turnrl_engine_adapters``)."""
+    text = httpx.get(f"http://{endpoint}/metrics", timeout=30).text
+    return float(re.search(r"^turnrl_engine_adapters(?:\{[^}]*\})? (\S+)$", text, re.M).group(1))
 
 
 def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp_path) -> None:
@@ -121,7 +131,7 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
 
         job = wait_for(lambda: pool_state()["status"] == "running" and pool_state()["job"], "the pool's job")
         a = alice.submit(pool_run("alice-a", 500, "live.enabled=true", f"live.tokens=[{alice_live}]"))["id"]
-        b = bob.submit(pool_run("bob-b", 3, "live.enabled=true", f"live.tokens=[{bob_live}]"))["id"]
+        b = bob.submit(pool_run("bob-b", 500, "live.enabled=true", f"live.tokens=[{bob_live}]"))["id"]
         res = httpx.post(f"{service.url}/v1/runs", json=pool_run("carol-c", 2), headers=bearer(CAROL), timeout=30)
         assert res.status_code == 429  # the pool serves two adapters at most
 
@@ -136,15 +146,23 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
         assert httpx.get(f"{url}/models", headers=bearer(bob_live), timeout=30).status_code == 401
         httpx.post(f"{url}/sessions/alice-s1/end", headers=bearer(alice_live), timeout=30)
 
-        wait_for(lambda: bob.status(b)["status"] == "succeeded", "bob's run to finish")
-        step = alice.status(a)["step"]
-        wait_for(lambda: alice.status(a)["step"] > step, "alice's run to go on training after bob's ended")
-        alice.stop(a)
-        wait_for(lambda: alice.status(a)["status"] == "stopped", "alice's run to stop")
-        state = pool_state()
-        assert state["status"] == "running" and state["job"] == job and state["attached"] == 0
         targets = json.loads((tmp_path / "state" / "prometheus" / "pool-shared.json").read_text())
         assert targets[0]["labels"] == {"component": "engine"}  # the pool's engine, scraped like runs' actors
+        wait_for(lambda: engine_adapters(targets[0]["targets"][0]) == 2, "both adapters in the pool's engine")
+
+        # bob's run fails hard (its driver killed): the pool's watch unloads his adapter
+        wait_for(lambda: bob.status(b)["step"] >= 1, "bob's run to train a step")
+        os.kill(service.state.jobs.client.get_job_info(b).driver_info.pid, signal.SIGKILL)
+        wait_for(lambda: bob.status(b)["status"] == "failed", "bob's run to fail")
+        wait_for(lambda: engine_adapters(targets[0]["targets"][0]) == 1, "bob's adapter to leave the engine")
+        step = alice.status(a)["step"]
+        wait_for(lambda: alice.status(a)["step"] > step, "alice's run to go on training after bob's failed")
+
+        alice.stop(a)  # cancelled: it detaches as it ends
+        wait_for(lambda: alice.status(a)["status"] == "stopped", "alice's run to stop")
+        assert engine_adapters(targets[0]["targets"][0]) == 0
+        state = pool_state()
+        assert state["status"] == "running" and state["job"] == job and state["attached"] == 0
         sessions = [json.loads(line) for line in (Path(alice.status(a)["run_dir"]) / "live_sessions.jsonl")
                     .read_text().splitlines()]
         assert sessions and all(s["trajectory"]["live"]["session_id"] == "alice-s1" for s in sessions)
