@@ -159,7 +159,8 @@ def alone_rate(policy: str, source: Any, args: argparse.Namespace) -> dict[str, 
 def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
     import ray
 
-    from cluster.pool import PoolConfig, start_pool
+    from cluster.config import PoolConfig
+    from cluster.pool import start_pool
 
     pool = start_pool("bench", PoolConfig(model=policy, engine=ENGINE, max_adapters=max(args.tenants) + 16), policy)
     return pool, ray.get(pool.start.remote())["engines"]

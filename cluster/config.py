@@ -18,7 +18,7 @@ from gateway.config import LiveConfig
 from learner.config import LearnerConfig, PolicyConfig
 from replay.config import ReplayConfig
 from rewards.config import RewardsConfig
-from rollout.config import RolloutConfig
+from rollout.config import EngineConfig, HFEngineConfig, RolloutConfig
 
 
 class ClusterConfig(BaseModel):
@@ -114,6 +114,44 @@ class TrainConfig(BaseModel):
         if self.source == "mixed":
             return min(max(round(self.live_fraction * batch_groups), 1), batch_groups - 1)
         return 0
+
+
+class PoolConfig(BaseModel):
+    """One shared engine pool (``cluster.pool``): engines of one base model that LoRA runs
+    attach to, declared in the run service's ``pools``."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: str = Field(min_length=1)
+    """The base model every run on the pool trains an adapter of: a Hugging Face folder, a hub
+    id, or ``builtin:smollm2``. Runs naming the pool get it as their ``policy.path``."""
+    engine: EngineConfig = HFEngineConfig()
+    """The pool's engines (``type``, ``count``, resources; vLLM needs ``max_loras`` >= 1, and
+    ``max_lora_rank`` bounds the runs' ``learner.lora.rank``). Runs naming the pool get it as
+    their ``rollout.engine``."""
+    max_adapters: int = Field(8, ge=1)
+    """Runs attached at once; the service refuses one more (429) and the pool too."""
+    max_running: int = Field(64, ge=1)
+    """Requests one engine runs at once, all adapters together (more wait their turn)."""
+    max_running_per_adapter: int = Field(16, ge=1)
+    """Requests one engine runs at once for one adapter (one run): a run flooding the pool
+    waits for its own requests, never for others'. A freed slot goes to the adapter with the
+    fewest requests running."""
+    num_cpus: float = Field(0.0, ge=0)
+    """Ray CPUs of the pool's own actor (it only answers runs attaching and watches them)."""
+    watch_s: float = Field(5.0, gt=0)
+    """How often the pool checks that each attached run's weight sync lives; a run killed
+    without detaching loses its adapter within this."""
+
+    @model_validator(mode="after")
+    def _serves_adapters(self) -> "PoolConfig":
+        if self.model == "builtin:tiny":
+            raise ValueError("model: builtin:tiny is built per run (SFT on the run's environment); give a pool "
+                             "a model folder (a run's policy_cache folder, or `turnrl models convert`)")
+        if self.engine.type == "vllm" and not self.engine.max_loras:
+            raise ValueError("engine.max_loras: a pool serves LoRA adapters; vLLM needs max_loras >= 1 "
+                             "(each adapter version in a batch takes one)")
+        return self
 
 
 class RunConfig(BaseModel):

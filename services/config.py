@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from cluster.pool import PoolConfig
+from cluster.config import PoolConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 
