@@ -53,7 +53,7 @@ def engine_adapters(endpoint: str) -> float:
     return float(re.search(r"^turnrl_engine_adapters(?:\{[^}]*\})? (\S+)$", text, re.M).group(1))
 
 
-def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp_path) -> None:
+def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp_path, capsys) -> None:
     model = str(tmp_path / "base")
     cfg = ray_down(tmp_path / "state", pools=pools(model), limits={"max_pool_adapters": 1})
     with serve(cfg, TOKENS) as service:
@@ -95,6 +95,12 @@ def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp
         listed = httpx.get(f"{service.url}/v1/pools", headers=bearer(ALICE), timeout=30).json()["pools"]
         assert listed == [{"name": "shared", "model": model, "engine": "hf", "engines": 1, "max_adapters": 2,
                            "attached": 1, "mine": 1, "status": "unknown", "job": None}]
+        token = tmp_path / "token"
+        token.write_text(BOB)
+        from services.cli import main
+
+        assert main(["runs", "--url", service.url, "--token-file", str(token), "pools"]) == 0
+        assert capsys.readouterr().out == f"shared\tunknown\t1/2 runs (0 yours)\t1 hf engine(s) of {model}\n"
 
 
 def _latest_run_yaml(service) -> Path:
