@@ -174,3 +174,22 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
         assert not (Path(bob.status(b)["run_dir"]) / "live_sessions.jsonl").exists()
         for client in (alice, bob):
             client.close()
+
+
+def test_a_pool_that_cannot_serve_adapters_is_refused_naming_the_key(tmp_path) -> None:
+    from services.config import ServiceConfigError, load_service_config
+
+    def load(pool: dict[str, Any], name: str = "p") -> Any:
+        path = tmp_path / "service.yaml"
+        path.write_text(yaml.safe_dump({"pools": {name: pool}}))
+        return load_service_config(path)
+
+    assert load({"model": "builtin:smollm2"}).pools["p"].engine.type == "hf"
+    with pytest.raises(ServiceConfigError, match="pools.p.*builtin:tiny is built per run"):
+        load({"model": "builtin:tiny"})
+    with pytest.raises(ServiceConfigError, match="engine.max_loras: a pool serves LoRA adapters"):
+        load({"model": "builtin:smollm2", "engine": {"type": "vllm"}})
+    with pytest.raises(ServiceConfigError, match=r"pool names \['a b'\]"):
+        load({"model": "builtin:smollm2"}, name="a b")
+    with pytest.raises(ServiceConfigError, match="max_adapters"):
+        load({"model": "builtin:smollm2", "max_adapters": 0})
