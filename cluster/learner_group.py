@@ -8,10 +8,12 @@ that every rank must enter.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from learner.config import LearnerConfig
-from learner.deepspeed_setup import DistSpec
+
+if TYPE_CHECKING:  # its module loads torch: every actor that unpickles a cluster.actors helper would too
+    from learner.deepspeed_setup import DistSpec
 
 
 _PLACEMENT_WAIT_S = 300.0
@@ -76,6 +78,8 @@ def start_learner(cfg: LearnerConfig, actor_cls: Any, make: Callable[[DistSpec |
             "learner.num_cpus or learner.num_gpus, relax learner.placement, or add nodes")
     at = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(cfg.world_size)]
     addr, port = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=at[0]).remote())
+    from learner.deepspeed_setup import DistSpec
+
     ranks = []
     for rank in range(cfg.world_size):
         args, kwargs = make(DistSpec(rank, cfg.world_size, addr, port))
