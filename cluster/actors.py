@@ -155,12 +155,17 @@ class RunActors:
     """The shared engine pool's actor (``cluster.pool``) whose engines the run uses, or None
     when ``engines`` are the run's own."""
 
+    @property
+    def owned_engines(self) -> list[Any]:
+        """The engines the run started (a shared pool's are not the run's: it neither starts,
+        kills nor reports them)."""
+        return self.engines if self.pool is None else []
+
     def all(self) -> list[Any]:
         """Every actor of the run, callers before what they call (the order they are killed
         in): the weight sync goes after the learner, whose publish may be calling it, and
-        replay comes last. A pool's engines are not the run's."""
-        engines = self.engines if self.pool is None else []
-        return [*([self.gateway] if self.gateway is not None else []), *self.rollouts, *engines,
+        replay comes last."""
+        return [*([self.gateway] if self.gateway is not None else []), *self.rollouts, *self.owned_engines,
                 *self.learner.ranks, self.reward, *self.envs, self.weights, self.replay]
 
     def release(self) -> None:
@@ -305,9 +310,9 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
             ray.get(pool.attach.remote(run_id, adapter, weights))
             started.pool = pool
         learner = started.learner = make_learner(resume)
-        own = engines if pool is None else []
         wait_ready([*learner.call("get_version"), *[w.stats.remote() for w in rollouts], replay.stats.remote(),
-                    *[h.stats.remote() for h in envs], *[e.start.remote() for e in own]], cfg.progress == "bar")
+                    *[h.stats.remote() for h in envs], *[e.start.remote() for e in started.owned_engines]],
+                   cfg.progress == "bar")
         form_weight_group(started)
         if adapter is not None:  # its version 0, which the learner published as it started
             learner.get("settle_weights")
@@ -361,9 +366,8 @@ def publish_targets(actors: RunActors, run_dir: str, run_id: str) -> None:
     (never raises); live actors keep their endpoint, restarted ones start a new one."""
     from cluster.telemetry import publish_metrics_targets
 
-    engines = actors.engines if actors.pool is None else []  # a pool publishes its engines' own
     publish_metrics_targets([("replay", actors.replay), ("reward", actors.reward),
-                             *[("rollout", w) for w in actors.rollouts], *[("engine", e) for e in engines],
+                             *[("rollout", w) for w in actors.rollouts], *[("engine", e) for e in actors.owned_engines],
                              ("learner", actors.learner.leader),
                              *([("gateway", actors.gateway)] if actors.gateway is not None else [])],
                             run_dir, run_id)

@@ -41,9 +41,7 @@ def pool_actor_name(name: str) -> str:
 def targets_dir(spec: Path) -> Path:
     """Where a pool started from ``spec`` (``<dir>/<name>.json``) writes its engines'
     ``prometheus_targets.json``: ``<dir>/<name>/``."""
-    folder = spec.with_suffix("")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return spec.with_suffix("")
 
 
 def model_fingerprint(path: str | Path) -> str:
@@ -64,7 +62,6 @@ class Attached:
 
     adapter: AdapterSpec
     weights: Any
-    since: float
 
 
 class PoolFull(RuntimeError):
@@ -115,11 +112,9 @@ class EnginePool:
         return self.describe()
 
     def describe(self) -> dict[str, Any]:
-        """What a run attaching needs: the engines, the model (path and fingerprint), the
-        engine settings, and what is attached."""
-        return {"name": self.name, "engines": self.engines, "model_path": self.model_path,
-                "fingerprint": self.fingerprint, "engine": self.cfg.engine.model_dump(mode="json"),
-                "max_adapters": self.cfg.max_adapters, "runs": sorted(self.runs)}
+        """What a run attaching needs: the engines and the model (path and fingerprint); what
+        is attached is ``stats``'."""
+        return {"engines": self.engines, "model_path": self.model_path, "fingerprint": self.fingerprint}
 
     def attach(self, run_id: str, adapter: AdapterSpec, weights: Any) -> list[Any]:
         """Take ``run_id`` on (again, after a restart of its driver: its new sync replaces the
@@ -127,7 +122,7 @@ class EnginePool:
         if run_id not in self.runs and len(self.runs) >= self.cfg.max_adapters:
             raise PoolFull(f"engine pool {self.name!r} serves {len(self.runs)} runs, its max_adapters: wait for "
                            "one to end, or ask the operator for a larger pool")
-        self.runs[run_id] = Attached(adapter, weights, time.time())
+        self.runs[run_id] = Attached(adapter, weights)
         _log.info("pool %s: run %s attached (%d of %d)", self.name, run_id, len(self.runs), self.cfg.max_adapters)
         return self.engines
 
@@ -252,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.telemetry import publish_metrics_targets
 
     # the engines' Prometheus endpoints, beside the pool's spec (the run service mirrors them)
-    publish_metrics_targets([("engine", e) for e in info["engines"]], targets_dir(Path(args[0])), pool_actor_name(name))
+    targets = targets_dir(Path(args[0]))
+    targets.mkdir(parents=True, exist_ok=True)
+    publish_metrics_targets([("engine", e) for e in info["engines"]], targets, pool_actor_name(name))
     try:
         ray.get(pool.vigil.remote())
     except KeyboardInterrupt:

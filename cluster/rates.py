@@ -25,7 +25,7 @@ def step_rates(actors: Any, last: dict[str, Any]) -> dict[str, float]:
     stats = _answering([w.stats.remote() for w in actors.rollouts])
     # A shared pool's engines count every tenant's tokens: a run on one counts its own, the
     # action tokens of its finished episodes.
-    engines = _answering([e.stats.remote() for e in actors.engines]) if actors.pool is None else {}
+    engines = _answering([e.stats.remote() for e in actors.owned_engines])
     tokens = {i: s["tokens"] for i, s in (engines if actors.pool is None else stats).items()}
     replay = ray.get(actors.replay.stats.remote())
     out = rates(tokens, {i: s["episodes"] for i, s in stats.items()}, time.time(), last)

@@ -14,8 +14,10 @@ import hashlib
 import json
 import logging
 import secrets
+from pathlib import Path
 from typing import Any
 
+from cluster.pool import targets_dir
 from services.config import ServiceConfig
 from services.jobs import RayJobs, RayUnavailable
 
@@ -28,6 +30,14 @@ class PoolJobs:
     def __init__(self, cfg: ServiceConfig, jobs: RayJobs) -> None:
         self.cfg, self.jobs = cfg, jobs
         self.dir = cfg.state_path() / "pools"
+
+    def spec_path(self, name: str) -> Path:
+        """The pool's spec, what its job starts from (its engines' metrics targets beside it)."""
+        return self.dir / f"{name}.json"
+
+    def targets(self, name: str) -> Path:
+        """The folder where the pool's job writes its engines' ``prometheus_targets.json``."""
+        return targets_dir(self.spec_path(name))
 
     def spec(self, name: str) -> dict[str, Any]:
         return {"name": name, "config": self.cfg.pools[name].model_dump(mode="json")}
@@ -49,16 +59,17 @@ class PoolJobs:
             return []
         running, started = self.running(), []
         for name in self.cfg.pools:
+            digest = self.digest(name)
             if name in running:
-                if running[name][2].get("config") != self.digest(name):
+                if running[name][2].get("config") != digest:
                     log.warning("engine pool %s runs an older config (job %s); stop that job to start the new one",
                                 name, running[name][0])
                 continue
             self.dir.mkdir(parents=True, exist_ok=True)
-            path = self.dir / f"{name}.json"
+            path = self.spec_path(name)
             path.write_text(json.dumps(self.spec(name), indent=2))
             sid = f"pool-{name}-{secrets.token_hex(4)}"
-            self.jobs.submit(sid, path, {POOL_KEY: name, "config": self.digest(name)}, module="cluster.pool")
+            self.jobs.submit(sid, path, {POOL_KEY: name, "config": digest}, module="cluster.pool")
             log.info("engine pool %s starting as Ray job %s", name, sid)
             started.append(sid)
         return started

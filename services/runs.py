@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from cluster.config import ConfigError, RunConfig, build_config
 from cluster.live import LIVE_FILE
-from cluster.pool import pool_actor_name, targets_dir
+from cluster.pool import pool_actor_name
 from cluster.telemetry import TARGETS_FILE
 from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
@@ -263,7 +263,7 @@ class RunManager:
         sd_dir.mkdir(parents=True, exist_ok=True)
         active = {rec.id: Path(rec.run_dir) for rec in self.registry.list(statuses=ACTIVE)}
         # the engine pools' engines too, as pool-<name>.json
-        active |= {pool_actor_name(name): targets_dir(self.pools.dir / f"{name}.json") for name in self.cfg.pools}
+        active |= {pool_actor_name(name): self.pools.targets(name) for name in self.cfg.pools}
         for rec_id, folder in active.items():
             try:
                 data = (folder / TARGETS_FILE).read_bytes()
