@@ -1,88 +1,174 @@
-"""Many LoRA tenants on one engine pool against one run alone, side by side in one run, on Ray.
+"""Many LoRA runs on one engine pool against one run alone, side by side in one run, on Ray.
 
     .venv/bin/python bench/tenants.py [--quick] [--model tiny|smollm2] [--tenants 1,4,8]
-                                      [--seconds 40] [--in-flight 4] [--rank 16] [--repeats 5]
-                                      [--parts 1,2,3]
+                                      [--control 4] [--seconds 90] [--warm-steps 2] [--rank 16]
+                                      [--repeats 5] [--parts 1,2] [--out DIR]
 
-1. **Throughput.** A tenant is a LoRA run's rollout side: an actor playing ``--in-flight``
-   search-QA episodes at a time with the rollout's own episode code (``run_episode``) through
-   its adapter (``AdapterClient``). *Alone*: one tenant on an engine of its own (a whole stack's
-   engine, serving its one adapter, no gate). *Pool*: N tenants, each with its own adapter, on
-   one pool (``cluster.pool``: the same engine settings behind the pool's fair gate). Episodes
-   (samples) finished within ``--seconds`` by every tenant together; the ratio aggregate
-   samples/s with N tenants / samples/s alone (goal >= 0.9: sharing costs at most 10%), and
-   the spread between tenants (min/max of their samples: the fair gate's doing).
-2. **Memory.** Unique memory (USS) of a run's actors: a LoRA run with engines of its own (the
-   whole stack, ``cluster.actors.start_actors``) and the same run on the pool (no engine), plus
-   what one more adapter adds to the pool's engine; the ratio what a tenant adds / a whole
-   stack (goal <= 10%), and the pool engine's share alone (what sharing saves per tenant).
-3. **Adapter publish.** A rank ``--rank`` adapter version from a tenant's weight sync into the
-   pool's engine (Ray's object store, ``EngineServer.load``), end to end, best and median of
-   ``--repeats``: idle, and while every tenant decodes (goal <= 50 ms).
+The bench starts a Ray cluster of its own (``ray start --head`` in a temporary directory) and
+runs whole LoRA runs in it: each is ``turnrl train``, a job driver of its own with its own
+rollout worker, rewards, replay, learner and weight sync, training a rank ``--rank`` adapter
+until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run does).
+
+1. **Throughput and memory.** *Alone*: one LoRA run with an engine of its own (the pool's
+   engine settings as its ``rollout.engine``): a whole stack. *Pool, N*: N LoRA runs naming one
+   pool (``rollout.pool``; ``cluster.pool``, held by the bench), started 1, then up to each
+   count in ``--tenants``. Samples the runs' learners trained per second over a ``--seconds``
+   window that opens once every run has trained ``--warm-steps`` steps (each run's cumulative
+   samples interpolated between its steps' arrival times); the ratio aggregate samples/s with
+   N runs / samples/s of the run alone, against the mean of an alone window first and last
+   (goal >= 0.9: sharing costs at most 10%). *Own engines, N* (``--control``): N whole stacks
+   side by side, so that a pool of N runs is also compared with N runs on the same cores that
+   share nothing (on a few cores N learners contend whatever the engines do). Memory: unique memory (USS) of each run's
+   processes (its driver and every actor of its job) at its window's end, plus a tenant's share
+   of what the pool's engines grew by since the pool started; a tenant against the whole stack
+   (goal <= 10%).
+2. **Adapter publish.** A rank ``--rank`` adapter version into the pool's engine (Ray's object
+   store, ``EngineServer.load``, as a run's weight sync hands it over), end to end, best and
+   median of ``--repeats``: idle, and while the largest count of runs trains on the pool (goal
+   <= 50 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from rollout.cores import apply_thread_policy  # noqa: E402
 
 apply_thread_policy()  # before torch loads OpenMP, as every TurnRL process does
 
-from adapters import make_adapter, nbytes  # noqa: E402  (bench/ is on sys.path)
+from adapters import make_adapter  # noqa: E402  (bench/ is on sys.path)
 from engines import policy_and_source  # noqa: E402
 
 ENGINE = {"type": "hf", "count": 1, "num_cpus": 0.5, "max_batch": 64}
+TINY_RUN = ["env.num_entities=80", "env.num_train_tasks=300", "env.num_heldout_tasks=40",  # the policy's world
+            "rollout.group_size=8", "rollout.groups_in_flight=4", "rollout.max_new_tokens=32",
+            "learner.batch_groups=2", "learner.lr=2e-3", "learner.zero_stage=1"]
+SMOLLM2_RUN = ["rollout.group_size=4", "rollout.groups_in_flight=2", "learner.batch_groups=1",
+               "learner.micro_batch_size=8", "learner.lr=1e-5"]
 
 
-class Tenant:
-    """One tenant's rollout load: episodes through its adapter, ``in_flight`` at a time."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, engines: list[Any], policy: str, source: Any, adapter: Any, seed: int) -> None:
-        import random
 
-        from rollout.engines.client import AdapterClient, RayEngineClient
+class Cluster:
+    """A Ray head of the bench's own, in a temporary directory; runs join it as job drivers."""
 
-        self.client = AdapterClient(RayEngineClient(engines, policy), adapter)
-        self.source, self.tasks, self.rng = source, source.tasks("train"), random.Random(seed)
+    def __init__(self, cpus: int) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="trb-", dir="/tmp")  # short: Ray's socket paths
+        self.address = f"127.0.0.1:{free_port()}"
+        self.env = {**os.environ, "RAY_ADDRESS": self.address, "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={self.address.split(':')[1]}",
+                        f"--num-cpus={cpus}", f"--temp-dir={self.tmp}", "--include-dashboard=false",
+                        "--disable-usage-stats"], env=self.env, check=True, capture_output=True)
 
-    async def warm(self) -> float:
-        """One episode first (the tokenizer loads, the env's index builds): seconds it took."""
-        t0 = time.monotonic()
-        await self.play(0.0, 1, 8)
-        return time.monotonic() - t0
+    def stop(self) -> None:
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], env=self.env,
+                       capture_output=True)
 
-    async def play(self, seconds: float, in_flight: int, max_new: int) -> dict[str, float]:
-        from rollout.engines.base import SamplingParams
-        from rollout.episode import run_episode
 
-        params = SamplingParams(temperature=1.0, max_new_tokens=max_new)
-        deadline = time.monotonic() + seconds
-        done = {"episodes": 0, "tokens": 0, "errors": 0}
+class Run:
+    """One LoRA run, ``turnrl train`` as a job driver of its own on the bench's cluster; its
+    learner's cumulative trained samples by the time each step's metrics line arrived."""
 
-        async def loop(i: int) -> None:
-            while True:
-                task = self.rng.choice(self.tasks)
-                traj = await run_episode(self.client, self.source.make_env(), task, params, group_id=f"g{i}",
-                                         max_context_tokens=1024)
-                if time.monotonic() > deadline:  # only what finished inside the window counts
-                    return
-                done["episodes"] += 1
-                done["errors"] += traj.error is not None
-                done["tokens"] += sum(len(t.action_ids) for t in traj.turns)
+    def __init__(self, name: str, config: list[str], sets: list[str], cluster: Cluster, out: Path) -> None:
+        self.name, self.dir = name, out / name
+        self.log = out / f"{name}.log"
+        argv = [sys.executable, "-m", "cluster.cli", "train", *config,
+                *(x for s in [*sets, f"name={name}", f"output_dir={out}"] for x in ("--set", s))]
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(argv, cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        self.times: list[float] = []
+        self.samples: list[float] = []
+        self._read = 0
 
-        await asyncio.gather(*[loop(i) for i in range(in_flight)])
-        return {k: float(v) for k, v in done.items()}
+    def poll(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log.read_text()[-3000:]
+            raise RuntimeError(f"run {self.name} ended (rc {self.proc.returncode}) before the bench stopped it:\n{tail}")
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        now = time.monotonic()
+        for line in lines[self._read:]:
+            self.times.append(now)
+            self.samples.append((self.samples[-1] if self.samples else 0.0) + json.loads(line).get("samples", 0.0))
+        self._read = len(lines)
+
+    def samples_at(self, t: float) -> float:
+        """Cumulative samples at ``t``, linear between the two steps around it."""
+        i = bisect_right(self.times, t)
+        if i == 0 or i == len(self.times):
+            raise ValueError(f"run {self.name}: no step on both sides of {t}")
+        (t0, t1), (s0, s1) = self.times[i - 1:i + 1], self.samples[i - 1:i + 1]
+        return s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+
+def stop_all(runs: list[Run]) -> None:
+    """SIGTERM to every run at once (each checkpoints, detaches from the pool and releases its
+    actors, as a stopped run does); SIGKILL to any still there after two minutes."""
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    for run in runs:
+        try:
+            run.proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            run.proc.kill()
+            run.proc.wait()
+
+
+def wait_steps(runs: list[Run], steps: int, timeout_s: float = 900.0) -> None:
+    t0 = time.monotonic()
+    while True:
+        for r in runs:
+            r.poll()
+        behind = [r for r in runs if len(r.times) < steps]
+        if not behind:
+            return
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"runs {[r.name for r in behind]} trained < {steps} steps in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def window(runs: list[Run], seconds: float, warm_steps: int) -> tuple[list[float], float]:
+    """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps,
+    and the time the window closed."""
+    print(f"  waiting for {len(runs)} run(s) to train {warm_steps} step(s) ...", flush=True)
+    wait_steps(runs, warm_steps)
+    t0 = time.monotonic()
+    print(f"  window open ({seconds:.0f} s)", flush=True)
+    while time.monotonic() < t0 + seconds:
+        for r in runs:
+            r.poll()
+        time.sleep(0.5)
+    t1 = time.monotonic()
+    while any(r.times[-1] <= t1 for r in runs):  # a step after the window to interpolate to
+        for r in runs:
+            r.poll()
+        time.sleep(0.5)
+    return [(r.samples_at(t1) - r.samples_at(t0)) / (t1 - t0) for r in runs], t1
 
 
 def uss_mb(pids: list[int]) -> float:
@@ -91,43 +177,103 @@ def uss_mb(pids: list[int]) -> float:
     return sum(psutil.Process(p).memory_full_info().uss for p in pids) / 2**20
 
 
+def run_memory(runs: list[Run]) -> dict[str, dict[str, float]]:
+    """USS (MB) of each run's processes by role: its driver and its job's live actors (by
+    class). Ray's public state API needs the dashboard, which the bench's cluster leaves out;
+    its GCS tables answer."""
+    from ray._private import state
+
+    jobs = {j["DriverPid"]: j["JobID"] for j in state.state.job_table() if not j["IsDead"]}
+    actors = [a for a in state.actors().values() if a["State"] == "ALIVE"]
+    out = {}
+    for r in runs:
+        roles = {"driver": uss_mb([r.proc.pid])}
+        for a in actors:
+            if a["JobID"] == jobs.get(r.proc.pid):
+                roles[a["ActorClassName"]] = roles.get(a["ActorClassName"], 0.0) + uss_mb([a["Pid"]])
+        out[r.name] = roles
+    return out
+
+
+def by_role(roles: dict[str, float]) -> str:
+    return "; ".join(f"{role} {mb:.0f}" for role, mb in sorted(roles.items(), key=lambda kv: -kv[1]))
+
+
 def pid_of(actor: Any) -> int:
     import ray
 
     return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
 
 
-def load_adapters(engines: list[Any], policy: str, n: int, rank: int, first: int = 0) -> list[Any]:
-    import ray
-
-    from rollout.engines.base import AdapterSpec
-    from rollout.engines.transport import ObjectStoreWeights
-
-    specs = []
-    for i in range(first, first + n):
-        state, scale = make_adapter(policy, rank, i)
-        spec = AdapterSpec(f"tenant-{i}", scale)
-        ray.get([e.load.remote(1, ObjectStoreWeights.put(state), spec) for e in engines])
-        specs.append(spec)
-    return specs
+def run_args(policy: str, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """A LoRA run of ``--model`` on ``policy`` that trains until stopped: (config, overrides)."""
+    config, own = ([], TINY_RUN) if args.model == "tiny" else ([str(ROOT / "configs/smollm2_search_qa.yaml")],
+                                                              SMOLLM2_RUN)
+    return config, [*own, f"policy.path={policy}", "policy.sft.enabled=false",
+            "learner.lora={rank: %d, alpha: %d}" % (args.rank, 2 * args.rank), "eval.num_tasks=0",
+            "progress=log", "train.steps=1000000", f"rollout.engine={json.dumps(ENGINE)}"]
 
 
-def throughput(engines: list[Any], specs: list[Any], policy: str, source: Any, args: argparse.Namespace) -> list:
-    import ray
+def own_engines(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, n: int,
+                label: str) -> dict[str, Any]:
+    """``n`` LoRA runs, each with an engine of its own (whole stacks side by side): their
+    samples/s and the USS of each whole stack (the mean)."""
+    print(f"{label}: {n} LoRA run(s), each with its own engine", flush=True)
+    config, sets = run_args(policy, args)
+    runs = [Run(f"own-{label.split()[-1]}-{i}", config, sets, cluster, out) for i in range(n)]
+    try:
+        rates, _ = window(runs, args.seconds, args.warm_steps)
+        memory = run_memory(runs)
+    finally:
+        stop_all(runs)
+    first = memory[runs[0].name]
+    row = {"rates": rates, "mb": statistics.mean(sum(roles.values()) for roles in memory.values()), "shared": 0.0}
+    print(f"  {sum(rates):.2f} samples/s; a whole stack {row['mb']:.0f} MB (the first: {by_role(first)})", flush=True)
+    return row
 
-    actor = ray.remote(num_cpus=0)(Tenant)
-    tenants = [actor.remote(engines, policy, source, spec, i) for i, spec in enumerate(specs)]
-    ray.get([t.warm.remote() for t in tenants])
-    out = ray.get([t.play.remote(args.seconds, args.in_flight, args.max_new_tokens) for t in tenants])
-    for t in tenants:
-        ray.kill(t)
-    return out
+
+def on_pool(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, engines: list[Any],
+            runs: list[Run], n: int) -> dict[str, Any]:
+    """Grow ``runs`` (LoRA runs naming the pool) to ``n``; their samples/s and memory."""
+    print(f"pool, {n} run(s): starting {n - len(runs)} more", flush=True)
+    config, sets = run_args(policy, args)
+    runs += [Run(f"tenant-{i}", config, [*sets, "rollout.pool=bench"], cluster, out)
+             for i in range(len(runs), n)]
+    rates, _ = window(runs, args.seconds, args.warm_steps)
+    memory = run_memory(runs)
+    grown = uss_mb([pid_of(e) for e in engines]) - args.engine_mb
+    row = {"rates": rates, "mb": statistics.mean(sum(roles.values()) for roles in memory.values()),
+           "shared": max(grown, 0.0) / n}
+    print(f"  {sum(rates):.2f} samples/s together (per run {min(rates):.2f}-{max(rates):.2f}); a run's own "
+          f"processes {row['mb']:.0f} MB (the first: {by_role(memory[runs[0].name])}), the pool engine grew "
+          f"{grown:.0f} MB", flush=True)
+    return row
+
+
+def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> None:
+    """``rows``: (label, measurement), the first and last one run alone (the baseline is their
+    mean: this machine's speed drifts over minutes)."""
+    first, last = rows[0][1], rows[-1][1]
+    base, whole = (sum(first["rates"]) + sum(last["rates"])) / 2, (first["mb"] + last["mb"]) / 2
+    own = {len(m["rates"]): sum(m["rates"]) for label, m in rows[1:-1] if label.startswith("own")}
+    print(f"\n1. whole LoRA runs ({seconds:.0f} s windows; samples the learners trained)")
+    print(f"{'setup':<22}{'samples/s':>10}{'vs alone':>10}{'vs own N':>10}{'per run min/max':>17}"
+          f"{'MB per run':>12}{'vs stack':>10}")
+    for label, m in rows:
+        rates, mb, n = m["rates"], m["mb"] + m["shared"], len(m["rates"])
+        spread = f"{min(rates):.2f}/{max(rates):.2f}" if n > 1 else ""
+        vs_own = f"{sum(rates) / own[n]:.2f}" if label.startswith("pool") and n in own else ""
+        print(f"{label:<22}{sum(rates):>10.2f}{sum(rates) / base:>10.2f}{vs_own:>10}{spread:>17}{mb:>12.0f}"
+              f"{mb / whole:>10.2f}")
+    print(f"(vs alone: aggregate samples/s against the mean of the two alone windows, {base:.2f}; vs own N: a pool "
+          f"of N runs against N runs with engines of their own, side by side on the same cores; MB per run: its "
+          f"processes (driver and actors), on the pool plus its share of the pool engine's growth; vs stack: "
+          f"that against one run alone, {whole:.0f} MB)")
 
 
 async def publish_times(engine: Any, policy: str, rank: int, versions: range) -> list[float]:
-    """Seconds from a tenant's fresh version in hand to the engine serving it, per version
+    """Seconds from a fresh adapter version in hand to the engine serving it, per version
     (each newer than the last: an engine leaves a version not newer alone)."""
-
     from rollout.engines.base import AdapterSpec
     from rollout.engines.transport import ObjectStoreWeights
 
@@ -141,152 +287,74 @@ async def publish_times(engine: Any, policy: str, rank: int, versions: range) ->
     return times
 
 
-def alone_rate(policy: str, source: Any, args: argparse.Namespace) -> dict[str, float]:
-    """One tenant on an engine of its own (a whole stack's, no gate): its window's counts."""
-    import ray
-
-    from rollout.config import HFEngineConfig
-    from rollout.engines.server import EngineServer
-
-    own = ray.remote(EngineServer).options(num_cpus=ENGINE["num_cpus"], max_concurrency=1024).remote(
-        HFEngineConfig(**{k: v for k, v in ENGINE.items() if k != "type"}), policy, 0)
-    ray.get(own.start.remote())
-    got = throughput([own], load_adapters([own], policy, 1, args.rank), policy, source, args)[0]
-    ray.kill(own)
-    return got
-
-
 def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
     import ray
 
     from cluster.config import PoolConfig
     from cluster.pool import start_pool
 
-    pool = start_pool("bench", PoolConfig(model=policy, engine=ENGINE, max_adapters=max(args.tenants) + 16), policy)
+    pool = start_pool("bench", PoolConfig(model=policy, engine=ENGINE, max_adapters=max(args.tenants) + 1), policy)
     return pool, ray.get(pool.start.remote())["engines"]
-
-
-def part1(policy: str, source: Any, engines: list[Any], args: argparse.Namespace) -> list[Any]:
-    """Alone, the pool at each tenant count, alone again (the baseline is their mean: this
-    machine's speed drifts over minutes). Returns the adapters loaded."""
-    print(f"\n1. throughput ({args.seconds:.0f} s windows, {args.in_flight} episodes in flight per tenant, "
-          f"{args.max_new_tokens} new tokens a turn)")
-    print(f"{'setup':<20}{'samples/s':>10}{'tokens/s':>10}{'vs alone':>10}{'per tenant min/max':>20}{'errors':>8}")
-    rows = [("alone (own engine)", [alone_rate(policy, source, args)])]
-    specs: list[Any] = []
-    for n in args.tenants:
-        specs += load_adapters(engines, policy, n - len(specs), args.rank, first=len(specs))
-        rows.append((f"pool, {n} tenant(s)", throughput(engines, specs[:n], policy, source, args)))
-    rows.append(("alone, again", [alone_rate(policy, source, args)]))
-    base = (rows[0][1][0]["episodes"] + rows[-1][1][0]["episodes"]) / 2 / args.seconds
-    for label, got in rows:
-        rate, per = sum(g["episodes"] for g in got) / args.seconds, [g["episodes"] for g in got]
-        spread = f"{min(per):.0f}/{max(per):.0f}" if len(per) > 1 else ""
-        print(f"{label:<20}{rate:>10.2f}{sum(g['tokens'] for g in got) / args.seconds:>10.0f}{rate / base:>10.2f}"
-              f"{spread:>20}{sum(g['errors'] for g in got):>8.0f}")
-    print(f"(vs alone: against the mean of the two alone windows, {base:.2f} samples/s)")
-    return specs
-
-
-def part2(policy: str, engines: list[Any], args: argparse.Namespace) -> None:
-
-    from cluster.actors import start_actors
-    from cluster.config import load_config
-
-    per_adapter = _adapter_growth(engines, policy, args)
-    sets = ["learner.lora={rank: %d, alpha: %d}" % (args.rank, 2 * args.rank), f"policy.path={policy}",
-            "policy.sft.enabled=false", "eval.num_tasks=0", "progress=none", "learner.num_cpus=0.2",
-            "rollout.engine.num_cpus=0.2", "cluster.reward_num_cpus=0.1", "cluster.replay_num_cpus=0.1"]
-    sizes, roles = {}, {}
-    for label, extra in (("whole stack", []), ("on the pool", ["rollout.pool=bench"])):
-        cfg = load_config(None, [*sets, *extra])
-        with tempfile.TemporaryDirectory() as run_dir:
-            actors = start_actors(cfg, policy, run_dir, f"mem-{label.split()[0]}")
-            try:
-                named = {"engine": actors.engines if actors.pool is None else [], "learner": actors.learner.ranks,
-                         "rollout": actors.rollouts, "reward": [actors.reward], "replay": [actors.replay],
-                         "weight sync": [actors.weights]}
-                roles[label] = {role: uss_mb([pid_of(a) for a in handles]) for role, handles in named.items()}
-                sizes[label] = sum(roles[label].values())
-            finally:
-                actors.release()
-    tenant = sizes["on the pool"] + per_adapter
-    print("\n2. memory (USS of the run's actors, MB)")
-    print(f"whole stack (own engine) {sizes['whole stack']:.0f}; the same run on the pool {sizes['on the pool']:.0f} "
-          f"+ one adapter in the pool's engine {per_adapter:.1f} = {tenant:.0f}: a tenant adds "
-          f"{tenant / sizes['whole stack']:.2f} of a whole stack; in the shared engine alone, "
-          f"{per_adapter / (sizes['whole stack'] - sizes['on the pool']):.3f} of an engine")
-    print("by actor: " + "; ".join(f"{role} {mb:.0f}" for role, mb in roles["whole stack"].items()))
-
-
-def _adapter_growth(engines: list[Any], policy: str, args: argparse.Namespace) -> float:
-    """MB one more adapter adds to the pool engine's process (the mean over eight)."""
-    import ray
-
-    pid = pid_of(engines[0])
-    before = uss_mb([pid])
-    load_adapters(engines, policy, 8, args.rank, first=1000)
-    grown = (uss_mb([pid]) - before) / 8
-    state, _ = make_adapter(policy, args.rank, 0)
-    print(f"\n(a rank-{args.rank} adapter: {nbytes(state) / 2**20:.2f} MB of tensors; the engine grew "
-          f"{grown:.2f} MB per adapter, mean of 8)")
-    ray.get([e.remove_adapter.remote(f"tenant-{i}") for e in engines for i in range(1000, 1008)])
-    return max(grown, nbytes(state) / 2**20)
-
-
-def part3(policy: str, engines: list[Any], specs: list[Any], source: Any, args: argparse.Namespace) -> None:
-    import ray
-
-    n = args.repeats
-    idle = asyncio.run(publish_times(engines[0], policy, args.rank, range(1, n + 1)))
-    actor = ray.remote(num_cpus=0)(Tenant)
-    tenants = [actor.remote(engines, policy, source, spec, i) for i, spec in enumerate(specs)]
-    ray.get([t.warm.remote() for t in tenants])
-    loads = [t.play.remote(n * 2.0 + 10, args.in_flight, args.max_new_tokens) for t in tenants]
-    time.sleep(3.0)  # the tenants are decoding
-    busy = asyncio.run(publish_times(engines[0], policy, args.rank, range(n + 1, 2 * n + 1)))
-    ray.get(loads)
-    print(f"\n3. adapter publish, rank {args.rank}, object store -> pool engine (ms, best / median of {args.repeats})")
-    print(f"idle: {min(idle) * 1e3:.1f} / {statistics.median(idle) * 1e3:.1f}; while {len(specs)} tenants decode: "
-          f"{min(busy) * 1e3:.1f} / {statistics.median(busy) * 1e3:.1f}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tenants 1,2; 10 s windows; 3 repeats")
+    p.add_argument("--quick", action="store_true", help="tenants 1,2; 30 s windows; 3 repeats")
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
-    p.add_argument("--tenants", default="1,4,8", help="tenant counts on the pool, ascending")
-    p.add_argument("--seconds", type=float, default=40.0)
-    p.add_argument("--in-flight", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--tenants", default="1,4,8", help="run counts on the pool, ascending")
+    p.add_argument("--control", default="4", help="run counts that also run each with an engine of its own "
+                   "(what sharing costs on the same cores; '' for none)")
+    p.add_argument("--seconds", type=float, default=90.0, help="each measuring window")
+    p.add_argument("--warm-steps", type=int, default=2, help="steps every run trains before a window opens")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--parts", default="1,2,3", help="which parts to run (3 alone: the publish latency)")
+    p.add_argument("--parts", default="1,2", help="which parts to run (2 alone: the publish latency)")
+    p.add_argument("--out", default=None, help="where the runs' folders and logs go (default: a temp dir)")
     args = p.parse_args()
     args.tenants = sorted(int(n) for n in args.tenants.split(","))
+    args.control = sorted(int(n) for n in args.control.split(",") if n)
     if args.quick:
-        args.tenants, args.seconds, args.repeats = [1, 2], 10.0, 3
+        args.tenants, args.control, args.seconds, args.repeats = [1, 2], [2], 30.0, 3
+    parts = {int(n) for n in args.parts.split(",")}
     import ray
 
     from cluster.actors import job_env
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    policy, source = policy_and_source(args.model, show_progress=False)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": job_env()})
-    t0, parts = time.perf_counter(), {int(n) for n in args.parts.split(",")}
-    pool, engines = make_pool(policy, args)
-    if 1 in parts:
-        specs = part1(policy, source, engines, args)
-    else:
-        specs = load_adapters(engines, policy, max(args.tenants), args.rank)
-    if 2 in parts:
-        part2(policy, engines, args)
-    if 3 in parts:
-        part3(policy, engines, specs, source, args)
-    ray.kill(pool)
+    policy, _ = policy_and_source(args.model, show_progress=False)
+    out = Path(args.out or tempfile.mkdtemp(prefix="tenants-"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"runs' folders and logs: {out}", flush=True)
+    t0, cluster = time.perf_counter(), Cluster(cpus=8 + 3 * max(args.tenants))  # logical: every run's actors fit
+    runs: list[Run] = []
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": job_env()})
+        pool, engines = make_pool(policy, args)
+        args.engine_mb = uss_mb([pid_of(e) for e in engines])
+        n = args.repeats
+        idle = asyncio.run(publish_times(engines[0], policy, args.rank, range(1, n + 1))) if 2 in parts else []
+        rows = [("alone (own engine)", own_engines(policy, cluster, out, args, 1, "alone first"))] if 1 in parts else []
+        for count in args.control if 1 in parts else []:
+            rows.append((f"own engines, {count} runs", own_engines(policy, cluster, out, args, count, f"own {count}")))
+        for count in args.tenants if 1 in parts else []:
+            rows.append((f"pool, {count} run(s)", on_pool(policy, cluster, out, args, engines, runs, count)))
+        if 2 in parts:
+            if not runs:
+                on_pool(policy, cluster, out, args, engines, runs, max(args.tenants))
+            busy = asyncio.run(publish_times(engines[0], policy, args.rank, range(n + 1, 2 * n + 1)))
+        stop_all(runs)
+        if 1 in parts:
+            rows.append(("alone, again", own_engines(policy, cluster, out, args, 1, "alone again")))
+            report(rows, args.seconds)
+        if 2 in parts:
+            print(f"\n2. adapter publish, rank {args.rank}, object store -> pool engine (ms, best / median of {n})")
+            print(f"idle: {min(idle) * 1e3:.1f} / {statistics.median(idle) * 1e3:.1f}; while {len(runs)} runs train "
+                  f"on the pool: {min(busy) * 1e3:.1f} / {statistics.median(busy) * 1e3:.1f}")
+        ray.kill(pool)
+    finally:
+        stop_all(runs)
+        ray.shutdown()
+        cluster.stop()
     print(f"\n({time.perf_counter() - t0:.0f} s)")
-    ray.shutdown()
 
 
 if __name__ == "__main__":

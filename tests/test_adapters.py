@@ -9,6 +9,9 @@ random B so each changes the model):
 - a new version of one adapter loads while another adapter's long request decodes on: that
   request is unchanged and records one version; the updated adapter's request in flight
   records both, each token labelled with the version that sampled it;
+- an adapter is unloaded while other adapters' rows keep one batch decoding without a break
+  (an engine of a pool serving other runs may never be idle), and the rows that finished in
+  that batch are counted as they finish;
 - KV computed with one adapter is never reused by another or by the base (prefix-cache spaces);
 - bad input is refused naming it: an adapter not loaded, a layer the model lacks, misfit shapes.
 """
@@ -136,6 +139,42 @@ def test_an_adapter_update_leaves_other_rows_alone(tiny_policy, loras):
     versions = [c.version for c in chunks if c.token_ids]
     assert versions[:4] == [1] * 4 and versions[-1] == 2 and sorted(versions) == versions
     assert after.version_spans == [(0, 2)]
+
+
+def test_an_adapter_unloads_while_other_rows_keep_decoding(tiny_policy, loras):
+    async def run():
+        engine = _engine(tiny_policy[0])
+        await _load(engine, loras, ["a1", "a2"])
+        busy, answered = asyncio.Event(), [0]
+
+        async def feed(seed: int, n: int) -> int:  # a1 rows joining the batch, one after another
+            done = 0
+            while not busy.is_set():
+                await engine.generate(PROMPTS[0], _params("a1", seed + done, n))
+                done += 1
+                answered[0] += 1
+            return done
+
+        # lengths apart, so that rows never all end at one step (the batch would end there)
+        feeders = [asyncio.ensure_future(feed(100 * i, n)) for i, n in enumerate((16, 23, 31))]
+        while answered[0] < 2:  # rows have ended and joined: the batch runs on
+            await asyncio.sleep(0.01)
+        batches = engine.stats()["batches"]
+        try:
+            await asyncio.wait_for(engine.remove_adapter("a2"), timeout=20)
+            mid = engine.stats()
+        finally:
+            busy.set()
+            served = sum(await asyncio.gather(*feeders))
+        with pytest.raises(ValueError, match="adapter 'a2' is not loaded"):
+            await engine.generate(PROMPTS[0], _params("a2", 1))
+        await engine.close()
+        return batches, mid, served
+
+    batches, mid, served = asyncio.run(run())
+    assert mid["batches"] == batches and served >= 3
+    # finished rows are counted as they leave, not when the batch (never, on a busy pool) ends
+    assert mid["rows"] >= 2 and mid["tokens"] >= 2 * 16
 
 
 async def _kept(engine: HFEngine, entries: int) -> None:

@@ -96,6 +96,8 @@ class HFEngine(Engine):
         """Adapter versions waiting for a step boundary (the newest of each name)."""
         self._removing: set[str] = set()
         """Adapters being unloaded: no new request may name them."""
+        self._staged_removals: set[str] = set()
+        """Adapters no open request names, to unload at a step boundary."""
         self._staged_lock = threading.Lock()
         self._resumed = threading.Event()
         self._resumed.set()
@@ -173,7 +175,11 @@ class HFEngine(Engine):
         try:
             while any(r.adapter == name for r in self._open.values()) or name in self._staged_adapters:
                 await asyncio.sleep(_PAUSE_POLL_S)
-            await asyncio.get_running_loop().run_in_executor(self._decoder, self._batch.remove_adapter, name)
+            with self._staged_lock:
+                self._staged_removals.add(name)
+            # At the running batch's next step boundary, as loads: a pool's engine serving other
+            # runs may never be idle, so a removal queued behind its decode loop would never run.
+            await self._until_loaded(lambda: name in self._staged_removals or self._staged_lock.locked())
         finally:
             self._removing.discard(name)
 
@@ -195,17 +201,21 @@ class HFEngine(Engine):
         """Load staged weights on the decode thread (from the event loop): every forward pass
         runs on that thread, so a load never lands under one, and the event loop never waits
         for a pass (a long prompt scoring) to end."""
-        if self._staged is not None or self._staged_adapters:
+        if self._staged is not None or self._staged_adapters or self._staged_removals:
             await asyncio.get_running_loop().run_in_executor(self._decoder, self._apply_staged)
 
     def _apply_staged(self, weights: bool = True) -> None:
-        """Load staged adapters, and staged weights unless ``weights`` is False, now (decode
-        thread only: see ``_load_staged``). Adapters load at every step boundary, whatever
-        ``weight_update`` says: replacing one adapter in place changes no other row."""
+        """Load staged adapters and unload removed ones, and load staged weights unless
+        ``weights`` is False, now (decode thread only: see ``_load_staged``). Adapters load and
+        unload at every step boundary, whatever ``weight_update`` says: replacing or removing
+        one adapter in place changes no other row (no row names a removed one)."""
         with self._staged_lock:
             adapters, self._staged_adapters = self._staged_adapters, {}
+            removals, self._staged_removals = self._staged_removals, set()
             for adapter in adapters.values():
                 self._batch.load_adapter(adapter)
+            for name in removals:
+                self._batch.remove_adapter(name)
             staged = self._staged if weights else None
             if staged is None:
                 return

@@ -144,8 +144,8 @@ class DecodeBatch:
 
     @torch.inference_mode()
     def run(self, batch: list[Row], hooks: DecodeHooks) -> None:
-        """Decode ``batch`` and every row that joins it (appended to ``batch``), until no row
-        is left."""
+        """Decode ``batch`` and every row that joins it, until no row is left; ``batch`` holds
+        the rows decoding (joining rows are appended, finished ones leave)."""
         t0 = time.perf_counter()
         rows = self.prefill(batch)
         sampler = self.sampler(rows.reqs)
@@ -155,6 +155,7 @@ class DecodeBatch:
             changed = len(going) < len(rows.reqs)
             if changed:
                 self.remember(rows, going)
+                self.retire(batch, rows, going)
             if going:
                 if changed:
                     rows.keep(going)
@@ -175,10 +176,18 @@ class DecodeBatch:
             if changed:
                 sampler = self.sampler(rows.reqs)
             t0 = self.busy_since(t0)  # per step, not per batch: rows join a batch for minutes
-        self.stats["tokens"] += sum(len(r.token_ids) for r in batch)
         self.stats["batches"] += 1
-        self.stats["rows"] += len(batch)
         self.busy_since(t0)
+
+    def retire(self, batch: list[Row], rows: Rows, going: list[int]) -> None:
+        """Count the rows leaving and drop them from ``batch``: as they leave, not when the
+        batch ends, since on an engine that is never idle (a pool's) rows join one batch for
+        hours, and the batch's list would hold every row it ever ran and its counts stand still."""
+        stay = set(going)
+        gone = {id(req): req for i, req in enumerate(rows.reqs) if i not in stay}
+        self.stats["tokens"] += sum(len(r.token_ids) for r in gone.values())
+        self.stats["rows"] += len(gone)
+        batch[:] = [r for r in batch if id(r) not in gone]
 
     def sample(self, rows: Rows, sampler: RowSampler, hooks: DecodeHooks) -> tuple[list[int], torch.Tensor]:
         """Sample every row's next token, record it and hand it out; returns the rows that go
