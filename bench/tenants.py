@@ -1,7 +1,7 @@
 """Many LoRA runs on one engine pool against one run alone, side by side in one run, on Ray.
 
     .venv/bin/python bench/tenants.py [--quick] [--model tiny|smollm2] [--tenants 1,4,8]
-                                      [--control 4] [--seconds 90] [--warm-steps 2] [--rank 16]
+                                      [--control 4] [--pool-engines 1] [--seconds 90] [--warm-steps 2] [--rank 16]
                                       [--repeats 5] [--parts 1,2] [--out DIR]
 
 The bench starts a Ray cluster of its own (``ray start --head`` in a temporary directory) and
@@ -293,7 +293,8 @@ def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
     from cluster.config import PoolConfig
     from cluster.pool import start_pool
 
-    pool = start_pool("bench", PoolConfig(model=policy, engine=ENGINE, max_adapters=max(args.tenants) + 1), policy)
+    engine = {**ENGINE, "count": args.pool_engines}
+    pool = start_pool("bench", PoolConfig(model=policy, engine=engine, max_adapters=max(args.tenants) + 1), policy)
     return pool, ray.get(pool.start.remote())["engines"]
 
 
@@ -304,6 +305,7 @@ def main() -> None:
     p.add_argument("--tenants", default="1,4,8", help="run counts on the pool, ascending")
     p.add_argument("--control", default="4", help="run counts that also run each with an engine of its own "
                    "(what sharing costs on the same cores; '' for none)")
+    p.add_argument("--pool-engines", type=int, default=1, help="the pool's engine count (a run alone has one)")
     p.add_argument("--seconds", type=float, default=90.0, help="each measuring window")
     p.add_argument("--warm-steps", type=int, default=2, help="steps every run trains before a window opens")
     p.add_argument("--rank", type=int, default=16)
@@ -323,7 +325,7 @@ def main() -> None:
     policy, _ = policy_and_source(args.model, show_progress=False)
     out = Path(args.out or tempfile.mkdtemp(prefix="tenants-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"runs' folders and logs: {out}", flush=True)
+    print(f"runs' folders and logs: {out}; the pool: {args.pool_engines} engine(s) {ENGINE}", flush=True)
     t0, cluster = time.perf_counter(), Cluster(cpus=8 + 3 * max(args.tenants))  # logical: every run's actors fit
     runs: list[Run] = []
     try:
