@@ -39,24 +39,26 @@ def test_reference_loop_trains_and_the_engine_serves_the_new_weights(reference_l
 
     # The agent warm start (300 SFT steps) searches and answers, some answers right: a group
     # whose outcomes are all equal has no GRPO advantage, and token F1 with a penalty for
-    # ending without an answer (IGPO's F1 reward) tells more of its episodes apart.
+    # ending without an answer (IGPO's F1 reward) tells more of its episodes apart. Three steps:
+    # which rows share a batch step follows timing, so the draws do too, and in two steps all
+    # four groups once came out uniform (no advantage, nothing learned) under the full suite.
     cfg = tiny_run_config(["policy.sft.steps=300", "rollout.group_size=4", "learner.batch_groups=2",
                            "learner.micro_batch_size=8", "learner.lr=1e-3",
                            "rewards.outcome.metric=f1", "rewards.outcome.format_penalty=-1.0"])
-    run = asyncio.run(reference_loop.train(cfg, 2, str(tmp_path)))
+    run = asyncio.run(reference_loop.train(cfg, 3, str(tmp_path)))
     assert run.policy == agent_policy[0]  # the session's cached warm start, not a second SFT
-    assert [m["step"] for m in run.history] == [1, 2]
-    assert [m["version"] for m in run.history] == [1, 2]
-    assert [m["serving"] for m in run.history] == [1, 2]  # the engine loaded each version at once
-    assert [m["accepted"] for m in run.history] == [2, 2]  # B groups admitted, scored and accepted
+    assert [m["step"] for m in run.history] == [1, 2, 3]
+    assert [m["version"] for m in run.history] == [1, 2, 3]
+    assert [m["serving"] for m in run.history] == [1, 2, 3]  # the engine loaded each version at once
+    assert [m["accepted"] for m in run.history] == [2, 2, 2]  # B groups admitted, scored and accepted
     for m in run.history:
         assert math.isfinite(m["loss/loss"]) and math.isfinite(m["loss/grad_norm"])
         assert m["tokens/rows"] == 8  # 2 groups x 4 episodes
     assert any(m["adv/abs_mean"] > 0 and m["loss/grad_norm"] > 0 for m in run.history)
-    assert run.replay.stats().version == 2  # the learner acknowledged both batches
-    # the engine samples with version 2, and its weights are the learner's, moved off the start
+    assert run.replay.stats().version == 3  # the learner acknowledged every batch
+    # the engine samples with version 3, and its weights are the learner's, moved off the start
     completion = asyncio.run(run.engine.generate([5, 6, 7], SamplingParams(max_new_tokens=4)))
-    assert completion.version == 2
+    assert completion.version == 3
     served = run.engine.engine.model.state_dict()
     learned = run.learner.ds_engine.module.state_dict()
     start = load_file(f"{agent_policy[0]}/model.safetensors")
