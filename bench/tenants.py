@@ -82,8 +82,11 @@ class Cluster:
                         "--disable-usage-stats"], env=self.env, check=True, capture_output=True)
 
     def stop(self) -> None:
+        import shutil
+
         subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], env=self.env,
                        capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)  # the cluster's session files and logs
 
 
 class Run:
