@@ -7,7 +7,9 @@
 The bench starts a Ray cluster of its own (``ray start --head`` in a temporary directory) and
 runs whole LoRA runs in it: each is ``turnrl train``, a job driver of its own with its own
 rollout worker, rewards, replay, learner and weight sync, training a rank ``--rank`` adapter
-until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run does).
+until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run does). At the
+end ``ray stop --force`` ends the cluster, and with it any other Ray on this machine: run the
+bench on a quiet machine, as its numbers need anyway.
 
 1. **Throughput and memory.** *Alone*: one LoRA run with an engine of its own (the pool's
    engine settings as its ``rollout.engine``): a whole stack. *Pool, N*: N LoRA runs naming one
