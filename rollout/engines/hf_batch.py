@@ -184,10 +184,10 @@ class DecodeBatch:
         batch ends, since on an engine that is never idle (a pool's) rows join one batch for
         hours, and the batch's list would hold every row it ever ran and its counts stand still."""
         stay = set(going)
-        gone = {id(req): req for i, req in enumerate(rows.reqs) if i not in stay}
-        self.stats["tokens"] += sum(len(r.token_ids) for r in gone.values())
+        gone = [req for i, req in enumerate(rows.reqs) if i not in stay]
+        self.stats["tokens"] += sum(len(r.token_ids) for r in gone)
         self.stats["rows"] += len(gone)
-        batch[:] = [r for r in batch if id(r) not in gone]
+        batch[:] = [rows.reqs[i] for i in going]  # the batch list is ``rows.reqs``, in order
 
     def sample(self, rows: Rows, sampler: RowSampler, hooks: DecodeHooks) -> tuple[list[int], torch.Tensor]:
         """Sample every row's next token, record it and hand it out; returns the rows that go
