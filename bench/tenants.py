@@ -4,12 +4,11 @@
                                       [--control 4] [--pool-engines 1] [--seconds 90] [--warm-steps 2] [--rank 16]
                                       [--repeats 5] [--parts 1,2] [--out DIR]
 
-The bench starts a Ray cluster of its own (``ray start --head`` in a temporary directory) and
+The bench starts a Ray cluster of its own (the run service's local head, in a temporary
+directory) and
 runs whole LoRA runs in it: each is ``turnrl train``, a job driver of its own with its own
 rollout worker, rewards, replay, learner and weight sync, training a rank ``--rank`` adapter
-until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run does). At the
-end ``ray stop --force`` ends the cluster, and with it any other Ray on this machine: run the
-bench on a quiet machine, as its numbers need anyway.
+until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run does).
 
 1. **Throughput and memory.** *Alone*: one LoRA run with an engine of its own (the pool's
    engine settings as its ``rollout.engine``): a whole stack. *Pool, N*: N LoRA runs naming one
@@ -37,7 +36,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,30 +63,20 @@ SMOLLM2_RUN = ["rollout.group_size=4", "rollout.groups_in_flight=2", "learner.ba
                "learner.micro_batch_size=8", "learner.lr=1e-5"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
-    """A Ray head of the bench's own, in a temporary directory; runs join it as job drivers."""
+    """A Ray head of the bench's own (the run service's ``LocalRayHead``: a fresh temp dir, free
+    ports, and a stop that ends exactly its processes); runs join it as job drivers."""
 
-    def __init__(self, cpus: int) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="trb-", dir="/tmp")  # short: Ray's socket paths
-        self.address = f"127.0.0.1:{free_port()}"
-        self.env = {**os.environ, "RAY_ADDRESS": self.address, "RAY_USAGE_STATS_ENABLED": "0",
-                    "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-        subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={self.address.split(':')[1]}",
-                        f"--num-cpus={cpus}", f"--temp-dir={self.tmp}", "--include-dashboard=false",
-                        "--disable-usage-stats"], env=self.env, check=True, capture_output=True)
+    def __init__(self, cpus: int, state_dir: Path) -> None:
+        from services.config import LocalRayConfig
+        from services.ray_cluster import LocalRayHead
+
+        self.head = LocalRayHead(LocalRayConfig(num_cpus=cpus), state_dir)
+        self.address = self.head.start()["gcs_address"]
+        self.env = self.head.child_env({**os.environ, "RAY_ADDRESS": self.address})
 
     def stop(self) -> None:
-        import shutil
-
-        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], env=self.env,
-                       capture_output=True)
-        shutil.rmtree(self.tmp, ignore_errors=True)  # the cluster's session files and logs
+        self.head.stop()
 
 
 class Run:
@@ -157,9 +145,8 @@ def wait_steps(runs: list[Run], steps: int, timeout_s: float = 900.0) -> None:
         time.sleep(0.5)
 
 
-def window(runs: list[Run], seconds: float, warm_steps: int) -> tuple[list[float], float]:
-    """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps,
-    and the time the window closed."""
+def window(runs: list[Run], seconds: float, warm_steps: int) -> list[float]:
+    """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps."""
     print(f"  waiting for {len(runs)} run(s) to train {warm_steps} step(s) ...", flush=True)
     wait_steps(runs, warm_steps)
     t0 = time.monotonic()
@@ -173,7 +160,7 @@ def window(runs: list[Run], seconds: float, warm_steps: int) -> tuple[list[float
         for r in runs:
             r.poll()
         time.sleep(0.5)
-    return [(r.samples_at(t1) - r.samples_at(t0)) / (t1 - t0) for r in runs], t1
+    return [(r.samples_at(t1) - r.samples_at(t0)) / (t1 - t0) for r in runs]
 
 
 def uss_mb(pids: list[int]) -> float:
@@ -227,7 +214,7 @@ def own_engines(policy: str, cluster: Cluster, out: Path, args: argparse.Namespa
     config, sets = run_args(policy, args)
     runs = [Run(f"own-{label.split()[-1]}-{i}", config, sets, cluster, out) for i in range(n)]
     try:
-        rates, _ = window(runs, args.seconds, args.warm_steps)
+        rates = window(runs, args.seconds, args.warm_steps)
         memory = run_memory(runs)
     finally:
         stop_all(runs)
@@ -244,7 +231,7 @@ def on_pool(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, 
     config, sets = run_args(policy, args)
     runs += [Run(f"tenant-{i}", config, [*sets, "rollout.pool=bench"], cluster, out)
              for i in range(len(runs), n)]
-    rates, _ = window(runs, args.seconds, args.warm_steps)
+    rates = window(runs, args.seconds, args.warm_steps)
     memory = run_memory(runs)
     grown = uss_mb([pid_of(e) for e in engines]) - args.engine_mb
     row = {"rates": rates, "mb": statistics.mean(sum(roles.values()) for roles in memory.values()),
@@ -331,7 +318,7 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="tenants-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"runs' folders and logs: {out}; the pool: {args.pool_engines} engine(s) {ENGINE}", flush=True)
-    t0, cluster = time.perf_counter(), Cluster(cpus=8 + 3 * max(args.tenants))  # logical: every run's actors fit
+    t0, cluster = time.perf_counter(), Cluster(8 + 3 * max(args.tenants), out / "ray")  # logical: every run's actors fit
     runs: list[Run] = []
     try:
         ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": job_env()})
