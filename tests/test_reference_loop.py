@@ -37,13 +37,15 @@ def test_reference_loop_trains_and_the_engine_serves_the_new_weights(reference_l
 
     from rollout.engines.base import SamplingParams
 
-    # The agent warm start (300 SFT steps) searches and answers, some answers right: a group
-    # whose outcomes are all equal has no GRPO advantage, and token F1 with a penalty for
-    # ending without an answer (IGPO's F1 reward) tells more of its episodes apart. Three steps:
-    # which rows share a batch step follows timing, so the draws do too, and in two steps all
-    # four groups once came out uniform (no advantage, nothing learned) under the full suite.
+    # The agent warm start (300 SFT steps) searches and answers in about a third of its
+    # episodes: a group whose outcomes are all equal has no GRPO advantage, and token F1 with a
+    # penalty for ending without an answer (IGPO's F1 reward) tells more of its episodes apart.
+    # lr 1e-4: at 1e-3 one Adam step moved every weight far enough that the policy stopped
+    # answering at all, so only step 1 could carry an advantage (CI once drew it uniform); at
+    # 1e-4 every step answers about as often, and all six groups come out uniform with
+    # probability ~(0.65^4)^6, about 3e-5.
     cfg = tiny_run_config(["policy.sft.steps=300", "rollout.group_size=4", "learner.batch_groups=2",
-                           "learner.micro_batch_size=8", "learner.lr=1e-3",
+                           "learner.micro_batch_size=8", "learner.lr=1e-4",
                            "rewards.outcome.metric=f1", "rewards.outcome.format_penalty=-1.0"])
     run = asyncio.run(reference_loop.train(cfg, 3, str(tmp_path)))
     assert run.policy == agent_policy[0]  # the session's cached warm start, not a second SFT
