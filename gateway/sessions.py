@@ -72,6 +72,7 @@ class SampledCompletion(Protocol):
     logprobs: list[float]
     finish_reason: str
     version_spans: list[tuple[int, int]]
+    adapter: str | None
 
 
 def session_id_for(header: str | None, user: str | None) -> str:

@@ -14,10 +14,11 @@ With a history window (``rollout.history_turns``) turn ``t`` was sampled from
 records where its context began, and ``segments()`` splits the trajectory into the rows the
 learner trains, each the exact context its turns were sampled from.
 
-JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 3.
-Version 3 made typed fields of what components used to keep in ``metadata`` (``producer``,
-``worker``, ``labels``, ``answer_score``, ``reward_details``, ``reward_errors``,
-``skipped_sources``, ``live``); version 2 added ``Turn.version_spans`` (weights versions within a
+JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 4.
+Version 4 added ``Turn.adapter`` (the LoRA adapter that sampled the turn); version 3 made
+typed fields of what components used to keep in ``metadata`` (``producer``, ``worker``,
+``labels``, ``answer_score``, ``reward_details``, ``reward_errors``, ``skipped_sources``,
+``live``); version 2 added ``Turn.version_spans`` (weights versions within a
 turn, for in-flight weight updates). Older files still read: ``upgrade_record`` moves a version
 1-2 record's metadata keys into the typed fields (the replay codec calls it too), and version 1
 turns have one version each.
@@ -41,8 +42,8 @@ from envs.toolcalls import ToolCall
 from rollout.engines.base import Completion, expand_spans
 from rollout.token_array import NO_INTS, FloatArray, IntArray
 
-SCHEMA_VERSION = 3
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 REWARD_SOURCES = ("outcome", "ig", "prm", "match", "env")
 FinishReason = Literal["answer", "max_turns", "max_tokens", "error"]
 
@@ -61,6 +62,9 @@ class Turn(BaseModel):
     version_spans: list[tuple[int, int]] = []
     """``(first action token index, version)`` spans when the weights changed while the turn
     was sampled (an in-flight update); empty: every token is ``policy_version``'s."""
+    adapter: str | None = None
+    """The LoRA adapter every action token was sampled with (a LoRA run's, on a shared pool);
+    its versions are ``policy_version`` / ``version_spans``. None: the base model's weights."""
     observation_ids: IntArray = NO_INTS
     """Tokens appended after the action (tool results, next assistant header). No loss."""
     anchor_observation: str = ""
@@ -100,10 +104,10 @@ class Turn(BaseModel):
         """The one place an engine completion becomes a Turn (rollout episodes and live
         sessions alike): its tokens, their behaviour log-probs, and ``policy_version`` the
         version that sampled the first token, with ``version_spans`` only where later versions
-        took over (an in-flight weight update). ``fields``: the rest (text, tool calls ...)."""
+        took over (an in-flight weight update), and the adapter that sampled them. ``fields``: the rest (text, tool calls ...)."""
         spans = [tuple(s) for s in comp.version_spans]
         return cls(action_ids=comp.token_ids, action_logprobs=comp.logprobs, policy_version=spans[0][1],
-                   version_spans=spans if len(spans) > 1 else [], **fields)
+                   version_spans=spans if len(spans) > 1 else [], adapter=comp.adapter, **fields)
 
     def versions(self) -> list[int]:
         """The weights version of each action token."""

@@ -48,3 +48,4 @@ class Sampled:
     logprobs: list[float]
     finish_reason: str
     version_spans: list[tuple[int, int]]
+    adapter: str | None = None

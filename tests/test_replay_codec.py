@@ -32,7 +32,7 @@ def full_traj(tid: str, group_id: str = "g-é", lowest: float = -math.inf) -> Tr
         prompt_ids=[0, 1, 255, 256, 2**31 - 1, 151_643],
         turns=[
             Turn(action_ids=[10, 11, 12, 13], action_logprobs=[-0.5, -1e-300, -0.0, lowest],
-                 policy_version=3, version_spans=[(0, 3), (2, 4)], observation_ids=[20, 21],
+                 policy_version=3, version_spans=[(0, 3), (2, 4)], adapter="run-é", observation_ids=[20, 21],
                  anchor_observation="obs «quoted» \n tab\t", invalid_action=True,
                  tool_calls=[ToolCall(name="search", arguments={"q": "naïve", "k": 3, "nested": [1, {"a": None}]})],
                  rewards={"outcome": 1.0, "ig": None, "prm": -0.25}, reward_versions={"ig": 2},
@@ -99,6 +99,7 @@ def test_every_field_round_trips_exactly() -> None:
     assert back.model_dump_json() == group.model_dump_json()  # same fields, order and types
     turn = back.trajectories[0].turns[0]
     assert turn.version_spans == [(0, 3), (2, 4)] and isinstance(turn.version_spans[0], tuple)
+    assert turn.adapter == "run-é" and back.trajectories[0].turns[1].adapter is None
     assert isinstance(turn.tool_calls[0], ToolCall)
     assert isinstance(back.trajectories[0].gold_tool_calls[0], ToolCall)
 

@@ -171,6 +171,8 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
         sessions = [json.loads(line) for line in (Path(alice.status(a)["run_dir"]) / "live_sessions.jsonl")
                     .read_text().splitlines()]
         assert sessions and all(s["trajectory"]["live"]["session_id"] == "alice-s1" for s in sessions)
+        # every token of what she served was sampled with her adapter, and the turns say so
+        assert {t["adapter"] for s in sessions for t in s["trajectory"]["turns"]} == {a}
         assert not (Path(bob.status(b)["run_dir"]) / "live_sessions.jsonl").exists()
         for client in (alice, bob):
             client.close()

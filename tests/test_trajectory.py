@@ -76,8 +76,8 @@ def test_misaligned_logprobs_rejected() -> None:
 
 
 def test_unknown_schema_version_rejected() -> None:
-    with pytest.raises(ValueError, match="schema_version 4 is not supported"):
-        Trajectory(schema_version=4, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
+    with pytest.raises(ValueError, match="schema_version 5 is not supported"):
+        Trajectory(schema_version=5, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
 
 
 def windowed_traj(history_turns: int | None) -> Trajectory:
@@ -229,4 +229,10 @@ def test_streamed_chunks_gather_into_a_completion_and_a_turn() -> None:
     empty.take(Chunk("e", [], [], 7, "length"))
     assert (empty.version_spans, empty.finish_reason) == ([(0, 7)], "length")
     one = Turn.sampled(Completion("o", [1], [-0.1], "stop", [(0, 2)]))
-    assert (one.policy_version, one.version_spans) == (2, [])  # one version: no spans kept
+    assert (one.policy_version, one.version_spans, one.adapter) == (2, [], None)  # one version: no spans kept
+    # A LoRA run's completion: the final chunk names the adapter, and the turn records it.
+    lora = Completion.empty("l")
+    for chunk in (Chunk("l", [5], [-0.5], 2, None, "run-a"), Chunk("l", [], [], 2, "stop", "run-a")):
+        lora.take(chunk)
+    assert Turn.sampled(lora).adapter == "run-a"
+    assert turn.adapter is None  # the base model's

@@ -294,6 +294,13 @@ class AdapterClient(EngineClient):
     def _seen(self, version: int) -> None:
         self._version = max(self._version, version)
 
+    def _served(self, adapter: str | None) -> None:
+        # The engine's word for what decoded: a request of this run answered by another
+        # adapter (or the base) would train on another policy's log-probs, so it never passes.
+        if adapter != self.adapter.name:
+            raise RuntimeError(f"the engine answered a request for adapter {self.adapter.name!r} "
+                               f"with {adapter or 'the base model'!r}")
+
     @property
     def tokenizer(self) -> Any:
         return self.inner.tokenizer
@@ -304,11 +311,13 @@ class AdapterClient(EngineClient):
 
     async def generate(self, prompt_ids, params, request_id=None, session_id=None) -> Completion:
         done = await self.inner.generate(prompt_ids, self._named(params), request_id, session_id)
+        self._served(done.adapter)
         self._seen(done.version_spans[-1][1])
         return done
 
     async def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
         async for chunk in self.inner.stream(prompt_ids, self._named(params), request_id, session_id):
+            self._served(chunk.adapter)
             self._seen(chunk.version)
             yield chunk
 
