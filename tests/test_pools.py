@@ -111,6 +111,38 @@ def test_a_tenant_flooding_an_engine_does_not_starve_another(tiny_policy) -> Non
     assert alice_peak <= 1
 
 
+def test_a_request_aborted_while_it_waits_at_the_gate_never_runs(tiny_policy) -> None:
+    """One slot: a second and a third request (generate, stream) wait behind the first; both
+    aborted there answer ``abort`` with nothing sampled, on the adapter's version, without
+    reaching the engine, and the gate holds nothing afterwards."""
+    policy, name = tiny_policy[0], TENANTS[0]
+
+    async def run() -> None:
+        server = _server(policy, fair=(1, 1))
+        await server.update_adapter(name, 2, InMemoryWeights(random_adapter(policy, LORA, 0)[0]), 2.0)
+        params = SamplingParams(temperature=1.0, max_new_tokens=64, seed=1, adapter=name)
+
+        async def streamed() -> list:
+            return [c async for c in server.stream([5, 6, 7, 8], params, "r3")]
+
+        first = asyncio.create_task(server.generate([5, 6, 7, 8], params, "r1"))
+        second = asyncio.create_task(server.generate([5, 6, 7, 8], params, "r2"))
+        third = asyncio.create_task(streamed())
+        while server.gate.waiting(name) < 2:
+            await asyncio.sleep(0.001)
+        assert await server.abort("r2") and await server.abort("r3")
+        done = await second
+        assert (done.token_ids, done.finish_reason, done.version_spans, done.adapter) == ([], "abort", [(0, 2)], name)
+        chunks = await third
+        assert [(c.token_ids, c.finish_reason, c.version, c.adapter) for c in chunks] == [([], "abort", 2, name)]
+        assert (await first).finish_reason == "length"
+        assert server.engine.stats()["requests"] == 1  # the aborted two never reached the engine
+        assert (server.gate.busy, server.gate.waiting()) == (0, 0)
+        assert not await server.abort("r2")  # gone: nothing to abort
+
+    asyncio.run(run())
+
+
 def _isolation(policy: str, client_for) -> None:
     """Each tenant's requests decoded alone, then all tenants' at once (mixed batches):
     the same tokens and log-probs, request by request."""

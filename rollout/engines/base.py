@@ -213,6 +213,12 @@ class Engine(ABC):
         """Unload adapter ``name`` once no open request names it."""
         refuse_adapter(self, name)
 
+    def serving_version(self, adapter: str | None = None) -> int:
+        """The version a request naming ``adapter`` starts on now: the adapter's (engines with
+        ``adapters`` override this), or the weights' for None."""
+        refuse_adapter(self, adapter)
+        return self.version
+
     def stats(self) -> dict[str, float]:
         """Counters for metrics (tokens generated, batches, mean batch size ...)."""
         return {}

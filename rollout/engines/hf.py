@@ -306,6 +306,10 @@ class HFEngine(Engine):
         self._arrived.set()
         return req
 
+    def serving_version(self, adapter: str | None = None) -> int:
+        self._check_adapter(adapter)
+        return self._batch.version_of(adapter)
+
     def _check_adapter(self, name: str | None) -> None:
         if name is None:
             return

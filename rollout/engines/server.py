@@ -39,6 +39,8 @@ class EngineServer:
         (requests running at once, of them per adapter) for an engine several runs share."""
         self.cfg, self.catch_up, self._start_on_use = cfg, catch_up, restarted_by_ray
         self.gate = FairGate(*fair) if fair is not None else None
+        self._queued: dict[str, asyncio.Task] = {}  # request id -> its wait for a gate slot
+        self._aborted: set[str] = set()  # of those, aborted before they reached the engine
         # a stored policy (``cluster.storage``) is copied to this node first
         self.engine = make_engine(cfg, node_copy(model_path), seed=seed)
         self._starting: asyncio.Future | None = None
@@ -108,23 +110,75 @@ class EngineServer:
             self._joined = asyncio.Event()
         return self._joined
 
-    def _turn(self, adapter: str | None) -> Any:
-        """A slot of the fair gate for ``adapter``'s request (nothing to wait for without one)."""
-        return self.gate.slot(adapter) if self.gate is not None else contextlib.nullcontext()
+    @contextlib.asynccontextmanager
+    async def _turn(self, adapter: str | None, request_id: str | None = None) -> AsyncIterator[bool]:
+        """A slot of the fair gate for ``adapter``'s request (nothing to wait for without
+        one); yields False for a request aborted while it waited: it never reaches the engine."""
+        if self.gate is None:
+            yield True
+            return
+        if not await self._admitted(adapter, request_id):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self.gate.release(adapter)
+
+    async def _admitted(self, adapter: str | None, request_id: str | None) -> bool:
+        """Wait for a slot; False (and no slot held) when ``abort`` came first."""
+        wait = asyncio.ensure_future(self.gate.acquire(adapter))
+        if request_id is not None:
+            self._queued[request_id] = wait
+        try:
+            await asyncio.wait([wait])
+        except asyncio.CancelledError:  # the caller went away: give back a slot granted meanwhile
+            self._give_back(wait, adapter)
+            raise
+        finally:
+            self._queued.pop(request_id, None)
+        if request_id in self._aborted:  # granted as the abort came: give the slot back
+            self._aborted.discard(request_id)
+            self._give_back(wait, adapter)
+            return False
+        wait.result()
+        return True
+
+    def _give_back(self, wait: asyncio.Task, adapter: str | None) -> None:
+        if wait.done() and not wait.cancelled() and wait.exception() is None:
+            self.gate.release(adapter)
+        else:
+            wait.cancel()
+
+    def _aborted_now(self, request_id: str, adapter: str | None) -> Completion:
+        """What an engine answers a request aborted before it sampled anything."""
+        version = self.engine.serving_version(adapter)
+        return Completion(request_id, [], [], "abort", [(0, version)], adapter=adapter)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Completion:
         await self._started()
-        async with self._turn(params.adapter):
+        async with self._turn(params.adapter, request_id) as admitted:
+            if not admitted:
+                return self._aborted_now(request_id, params.adapter)
             return await self.engine.generate(prompt_ids, params, request_id)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
                      request_id: str) -> AsyncIterator[Chunk]:
         await self._started()
-        async with self._turn(params.adapter):
+        async with self._turn(params.adapter, request_id) as admitted:
+            if not admitted:
+                done = self._aborted_now(request_id, params.adapter)
+                yield Chunk(request_id, [], [], done.version, "abort", params.adapter)
+                return
             async for chunk in self.engine.stream(prompt_ids, params, request_id):
                 yield chunk
 
     async def abort(self, request_id: str) -> bool:
+        """End a request: one still waiting at the fair gate leaves it without running."""
+        if request_id in self._queued:
+            self._aborted.add(request_id)
+            self._queued[request_id].cancel()
+            return True
         return await self.engine.abort(request_id)
 
     async def prompt_logprobs(self, prompt_ids: list[int], first: int = 1,

@@ -344,6 +344,9 @@ class VLLMEngine(Engine):
             self._stats["load_s"] += time.perf_counter() - t0
             return self._version
 
+    def serving_version(self, adapter: str | None = None) -> int:
+        return self._version if adapter is None else self._adapters.serving(adapter).version
+
     def _begin(self, adapter: str | None) -> AdapterVersion | None:
         """A request starts: on ``adapter``'s current version, or on the base model (refused on
         CPU while adapters are on: ``VLLMAdapters.base_allowed``)."""

@@ -152,11 +152,16 @@ class VLLMAdapters:
         self.retiring.append(old)
         return self._idle()
 
-    def begin(self, name: str) -> AdapterVersion:
-        """A request starts on adapter ``name``'s current version."""
+    def serving(self, name: str) -> AdapterVersion:
+        """Adapter ``name``'s current version, which a request starting now runs on."""
         held = self.current.get(name)
         if held is None or name in self.removing:
             raise ValueError(f"adapter {name!r} is not loaded in this engine; loaded: {sorted(self.current)}")
+        return held
+
+    def begin(self, name: str) -> AdapterVersion:
+        """A request starts on adapter ``name``'s current version."""
+        held = self.serving(name)
         held.running += 1
         return held
 
