@@ -154,6 +154,8 @@ class RunActors:
     pool: Any = None
     """The shared engine pool's actor (``cluster.pool``) whose engines the run uses, or None
     when ``engines`` are the run's own."""
+    targets: Any = None
+    """The ``cluster.telemetry.TargetsRefresh`` keeping the run's Prometheus targets current."""
 
     @property
     def owned_engines(self) -> list[Any]:
@@ -177,6 +179,8 @@ class RunActors:
         connections."""
         import ray
 
+        if self.targets is not None:
+            self.targets.stop()
         for actor in self.all():
             if actor is not self.replay:
                 ray.kill(actor)
@@ -327,6 +331,9 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         raise
     record_placement(started, run_dir)
     publish_targets(started, run_dir, run_id)
+    from cluster.telemetry import TargetsRefresh
+
+    started.targets = TargetsRefresh(lambda: target_actors(started), run_dir, run_id)
     return started
 
 
@@ -361,16 +368,19 @@ def wait_ready(refs: list[Any], show: bool) -> None:
             bar.update(len(done))
 
 
+def target_actors(actors: RunActors) -> list[tuple[str, Any]]:
+    """(component, actor) of each of the run's actors that serves Prometheus metrics."""
+    return [("replay", actors.replay), ("reward", actors.reward), *[("rollout", w) for w in actors.rollouts],
+            *[("engine", e) for e in actors.owned_engines], ("learner", actors.learner.leader),
+            *([("gateway", actors.gateway)] if actors.gateway is not None else [])]
+
+
 def publish_targets(actors: RunActors, run_dir: str, run_id: str) -> None:
     """Best effort: the actors' Prometheus endpoints into <run_dir>/prometheus_targets.json
     (never raises); live actors keep their endpoint, restarted ones start a new one."""
     from cluster.telemetry import publish_metrics_targets
 
-    publish_metrics_targets([("replay", actors.replay), ("reward", actors.reward),
-                             *[("rollout", w) for w in actors.rollouts], *[("engine", e) for e in actors.owned_engines],
-                             ("learner", actors.learner.leader),
-                             *([("gateway", actors.gateway)] if actors.gateway is not None else [])],
-                            run_dir, run_id)
+    publish_metrics_targets(target_actors(actors), run_dir, run_id)
 
 
 def after_restart(cfg: RunConfig, actors: RunActors) -> None:

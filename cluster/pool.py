@@ -244,12 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     pool = start_pool(name, cfg, model_path)
     info = ray.get(pool.start.remote())
     print(f"pool {name}: {len(info['engines'])} {cfg.engine.type} engine(s) of {model_path} ready", flush=True)
-    from cluster.telemetry import publish_metrics_targets
+    from cluster.telemetry import TargetsRefresh, publish_metrics_targets
 
-    # the engines' Prometheus endpoints, beside the pool's spec (the run service mirrors them)
+    # the engines' Prometheus endpoints, beside the pool's spec (the run service mirrors them),
+    # kept current as Ray starts engines again
     targets = targets_dir(Path(args[0]))
     targets.mkdir(parents=True, exist_ok=True)
-    publish_metrics_targets([("engine", e) for e in info["engines"]], targets, pool_actor_name(name))
+    engines = [("engine", e) for e in info["engines"]]
+    publish_metrics_targets(engines, targets, pool_actor_name(name))
+    refresh = TargetsRefresh(lambda: engines, targets, pool_actor_name(name))
     try:
         ray.get(pool.vigil.remote())
     except KeyboardInterrupt:
@@ -258,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     except ray.exceptions.RayActorError as exc:
         print(f"pool {name}: the pool actor died: {exc}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        refresh.stop()
     return 0
 
 

@@ -11,7 +11,9 @@ instead. The reward subclass also counts groups submitted and not yet stored in 
 Metrics never stop training: an exception while collecting is swallowed and counted in
 ``turnrl_metrics_errors_total``, a server that fails to start leaves the run without metrics.
 ``publish_metrics_targets`` starts the servers of a run's actors and writes the endpoints as a
-Prometheus ``file_sd`` targets file, ``<run_dir>/prometheus_targets.json`` (docs/services.md).
+Prometheus ``file_sd`` targets file, ``<run_dir>/prometheus_targets.json`` (docs/services.md);
+``TargetsRefresh`` does it again every half minute, so an actor Ray started again (a new process,
+a new port) is scraped again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
@@ -405,11 +407,35 @@ def publish_metrics_targets(actors: Iterable[tuple[str, Any]], run_dir: str | Pa
         return None
 
 
+class TargetsRefresh:
+    """Publishes ``actors()``'s endpoints every ``every_s`` seconds from a daemon thread: live
+    actors answer with the endpoint they have, one that Ray started again starts a new server
+    and the file follows (written only when it changes). ``stop`` before the actors go."""
+
+    def __init__(self, actors: Callable[[], list[tuple[str, Any]]], out_dir: str | Path, run_id: str,
+                 every_s: float = 30.0) -> None:
+        self.actors, self.out_dir, self.run_id, self.every_s = actors, out_dir, run_id, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-targets", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            publish_metrics_targets(self.actors(), self.out_dir, self.run_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
 def write_targets(run_dir: Path, groups: dict[str, list[str]]) -> Path:
-    """Prometheus file_sd format: one entry per component, written atomically."""
+    """Prometheus file_sd format: one entry per component, written atomically (and only when
+    it changes: Prometheus re-reads the file on every write)."""
     entries = [{"targets": sorted(eps), "labels": {"component": c}} for c, eps in sorted(groups.items())]
-    path = run_dir / TARGETS_FILE
+    path, text = run_dir / TARGETS_FILE, json.dumps(entries, indent=2)
+    if path.exists() and path.read_text() == text:
+        return path
     tmp = path.with_name(f".{TARGETS_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entries, indent=2))
+    tmp.write_text(text)
     tmp.replace(path)  # Prometheus re-reads the file on change; never let it see half a file
     return path

@@ -194,6 +194,36 @@ def test_publish_targets_is_best_effort_and_file_sd_shaped(tmp_path) -> None:
     ]
 
 
+@pytest.mark.slow  # Ray in this worker (~5 s)
+def test_targets_follow_an_actor_that_ray_started_again(ray_cluster, tmp_path) -> None:
+    """Killed and started again by Ray, an actor serves its metrics from a new process on a new
+    port; the refresh writes the new endpoint into the targets file, and it answers."""
+    import time
+
+    from cluster.telemetry import TargetsRefresh
+
+    class Quiet:  # defined here, so Ray's workers get it by value: nothing to report but its endpoint
+        def stats(self) -> dict:
+            return {}
+
+    ray = ray_cluster
+    actor = ray.remote(num_cpus=0, max_restarts=1)(instrument(Quiet, "rollout")).remote()
+    path = publish_metrics_targets([("rollout", actor)], tmp_path, "run-r")
+    first = json.loads(path.read_text())[0]["targets"]
+    refresh = TargetsRefresh(lambda: [("rollout", actor)], tmp_path, "run-r", every_s=0.5)
+    try:
+        ray.kill(actor, no_restart=False)
+        deadline = time.monotonic() + 60
+        while json.loads(path.read_text())[0]["targets"] == first:
+            assert time.monotonic() < deadline, "the targets file still names the dead process's endpoint"
+            time.sleep(0.2)
+    finally:
+        refresh.stop()
+    (now,) = json.loads(path.read_text())[0]["targets"]
+    assert "turnrl_metrics_errors" in scrape(now)  # the new process's server answers
+    ray.kill(actor)
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
 def test_exposition_passes_promtool_lint() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
