@@ -139,7 +139,7 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
     policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar",
                            history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
     if cfg.learner.lora is not None:  # a target naming no layer of the policy fails before Ray starts
-        from learner.lora import check_policy
+        from learner.lora_check import check_policy  # in a child process: the driver keeps no torch
 
         check_policy(policy, cfg.learner.lora)
     on_stage(f"[2/5] ray + actors (run {run_id}, dir {run_dir})")

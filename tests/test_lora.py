@@ -53,11 +53,13 @@ def test_a_target_matching_nothing_fails_listing_the_models_linear_modules() -> 
 
 
 def test_the_driver_checks_targets_against_the_policy_folder(tiny_policy) -> None:
-    from learner.lora import check_policy
+    from learner.lora_check import check_policy  # the driver's: in a child process
 
     check_policy(tiny_policy[0], LoRAConfig())  # every default target is a layer of the tiny Llama
     with pytest.raises(ValueError, match=r"learner.lora.target_modules: \['c_attn'\] match no linear module"):
         check_policy(tiny_policy[0], LoRAConfig(target_modules=["c_attn"]))
+    with pytest.raises(RuntimeError, match="failed"):  # no policy there: not a refusal of the targets
+        check_policy(tiny_policy[0] + "-missing", LoRAConfig())
 
 
 def test_merged_state_is_peft_merge_and_unload() -> None:
