@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/tenants.py [--quick] [--model tiny|smollm2] [--tenants 1,4,8]
                                       [--control 4] [--pool-engines 1] [--seconds 90] [--warm-steps 2] [--rank 16]
-                                      [--repeats 5] [--parts 1,2] [--out DIR]
+                                      [--repeats 5] [--parts 1,2] [--engine-cores 0] [--out DIR]
 
 The bench starts a Ray cluster of its own (the run service's local head, in a temporary
 directory) and
@@ -23,6 +23,10 @@ until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run
    processes (its driver and every actor of its job) at its window's end, plus a tenant's share
    of what the pool's engines grew by since the pool started; a tenant against the whole stack
    (goal <= 10%).
+With ``--engine-cores``, every engine (a run's own and the pool's) runs on those cores and
+everything else (drivers, learners, rollout workers, services, Ray's daemons) on the others, as
+on a cluster where inference has accelerators of its own: sharing is then measured without the
+engines' share of contended cores changing with their count.
 2. **Adapter publish.** A rank ``--rank`` adapter version into the pool's engine (Ray's object
    store, ``EngineServer.load``, as a run's weight sync hands it over), end to end, best and
    median of ``--repeats``: idle, and while the largest count of runs trains on the pool (goal
@@ -197,13 +201,32 @@ def pid_of(actor: Any) -> int:
     return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
 
 
+def engine_cfg(args: argparse.Namespace, count: int = 1) -> dict[str, Any]:
+    """The engines' settings: a run alone's ``rollout.engine`` and the pool's (``count`` of them)."""
+    cores = {"cpu_affinity": args.engine_cores, "torch_threads": len(args.engine_cores)} if args.engine_cores else {}
+    return {**ENGINE, "count": count, **cores}
+
+
+def split_cores(spec: str) -> list[int]:
+    """``--engine-cores``: the engines' cores; the bench and everything it starts move to the
+    others (an engine pins itself to its ``cpu_affinity`` once started)."""
+    if not spec:
+        return []
+    engines, allowed = sorted({int(c) for c in spec.split(",")}), os.sched_getaffinity(0)
+    rest = sorted(allowed - set(engines))
+    if not set(engines) <= allowed or not rest:
+        raise SystemExit(f"--engine-cores {spec}: name some of this process's cores {sorted(allowed)}, not all")
+    os.sched_setaffinity(0, rest)  # before Ray's head starts: its daemons and workers inherit it
+    return engines
+
+
 def run_args(policy: str, args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """A LoRA run of ``--model`` on ``policy`` that trains until stopped: (config, overrides)."""
     config, own = ([], TINY_RUN) if args.model == "tiny" else ([str(ROOT / "configs/smollm2_search_qa.yaml")],
                                                               SMOLLM2_RUN)
     return config, [*own, f"policy.path={policy}", "policy.sft.enabled=false",
             "learner.lora={rank: %d, alpha: %d}" % (args.rank, 2 * args.rank), "eval.num_tasks=0",
-            "progress=log", "train.steps=1000000", f"rollout.engine={json.dumps(ENGINE)}"]
+            "progress=log", "train.steps=1000000", f"rollout.engine={json.dumps(engine_cfg(args))}"]
 
 
 def own_engines(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, n: int,
@@ -285,7 +308,7 @@ def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
     from cluster.config import PoolConfig
     from cluster.pool import start_pool
 
-    engine = {**ENGINE, "count": args.pool_engines}
+    engine = engine_cfg(args, args.pool_engines)
     pool = start_pool("bench", PoolConfig(model=policy, engine=engine, max_adapters=max(args.tenants) + 1), policy)
     return pool, ray.get(pool.start.remote())["engines"]
 
@@ -303,6 +326,8 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--parts", default="1,2", help="which parts to run (2 alone: the publish latency)")
+    p.add_argument("--engine-cores", default="", help="cores for every engine, the rest for everything else "
+                   "(e.g. 0; default: all share every core)")
     p.add_argument("--out", default=None, help="where the runs' folders and logs go (default: a temp dir)")
     args = p.parse_args()
     args.tenants = sorted(int(n) for n in args.tenants.split(","))
@@ -310,6 +335,7 @@ def main() -> None:
     if args.quick:
         args.tenants, args.control, args.seconds, args.repeats = [1, 2], [2], 30.0, 3
     parts = {int(n) for n in args.parts.split(",")}
+    args.engine_cores = split_cores(args.engine_cores)
     import ray
 
     from cluster.actors import job_env
@@ -317,7 +343,8 @@ def main() -> None:
     policy, _ = policy_and_source(args.model, show_progress=False)
     out = Path(args.out or tempfile.mkdtemp(prefix="tenants-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"runs' folders and logs: {out}; the pool: {args.pool_engines} engine(s) {ENGINE}", flush=True)
+    print(f"runs' folders and logs: {out}; the pool: {engine_cfg(args, args.pool_engines)}; everything else on "
+          f"cores {sorted(os.sched_getaffinity(0))}", flush=True)
     t0, cluster = time.perf_counter(), Cluster(8 + 3 * max(args.tenants), out / "ray")  # logical: every run's actors fit
     runs: list[Run] = []
     try:

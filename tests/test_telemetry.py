@@ -192,6 +192,9 @@ def test_publish_targets_is_best_effort_and_file_sd_shaped(tmp_path) -> None:
         {"targets": ["10.0.0.1:9002"], "labels": {"component": "learner"}},
         {"targets": ["10.0.0.1:9000", "10.0.0.2:9001"], "labels": {"component": "rollout"}},
     ]
+    written = path.stat().st_mtime_ns
+    write_targets(tmp_path, {"learner": ["10.0.0.1:9002"], "rollout": ["10.0.0.1:9000", "10.0.0.2:9001"]})
+    assert path.stat().st_mtime_ns == written  # the same targets: not rewritten (Prometheus re-reads on writes)
 
 
 @pytest.mark.slow  # Ray in this worker (~5 s)

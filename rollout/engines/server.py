@@ -137,8 +137,9 @@ class EngineServer:
             raise
         finally:
             self._queued.pop(request_id, None)
-        if request_id in self._aborted:  # granted as the abort came: give the slot back
+            aborted = request_id in self._aborted
             self._aborted.discard(request_id)
+        if aborted:  # maybe granted as the abort came: then the slot goes back
             self._give_back(wait, adapter)
             return False
         wait.result()
