@@ -106,7 +106,8 @@ class Run:
         path = self.dir / "metrics.jsonl"
         if not path.exists():
             return
-        lines = path.read_text().splitlines()
+        text = path.read_text()
+        lines = text[:text.rfind("\n") + 1].splitlines()  # whole lines: the driver may be writing one
         now = time.monotonic()
         for line in lines[self._read:]:
             self.times.append(now)
