@@ -20,9 +20,8 @@ REFUSED = 2
 
 def check_policy(path: str | Path, cfg: LoRAConfig) -> None:
     """Raise ``ValueError`` (naming the field and the policy's layers) when a target of
-    ``cfg`` matches no linear module of the policy at ``path``. No time limit: importing torch
-    takes minutes on a busy core (a bench once saw 300 s pass), and nothing here waits on
-    anything else."""
+    ``cfg`` matches no linear module of the policy at ``path``. No time limit: on a busy core
+    importing torch alone can take minutes (a bench saw more than 300 s)."""
     root = str(Path(__file__).resolve().parents[1])  # where ``learner`` imports from
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "learner.lora_check", str(path), *cfg.target_modules],
