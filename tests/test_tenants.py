@@ -171,8 +171,10 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
         sessions = [json.loads(line) for line in (Path(alice.status(a)["run_dir"]) / "live_sessions.jsonl")
                     .read_text().splitlines()]
         assert sessions and all(s["trajectory"]["live"]["session_id"] == "alice-s1" for s in sessions)
-        # every token of what she served was sampled with her adapter, and the turns say so
-        assert {t["adapter"] for s in sessions for t in s["trajectory"]["turns"]} == {a}
+        # every token of what she served was sampled with her run's adapter (named by its driver's
+        # run id, her run's id and a suffix), and the turns say so
+        (adapter,) = {t["adapter"] for s in sessions for t in s["trajectory"]["turns"]}
+        assert adapter.startswith(f"{a}-")
         assert not (Path(bob.status(b)["run_dir"]) / "live_sessions.jsonl").exists()
         for client in (alice, bob):
             client.close()
