@@ -104,7 +104,8 @@ class Turn(BaseModel):
         """The one place an engine completion becomes a Turn (rollout episodes and live
         sessions alike): its tokens, their behaviour log-probs, and ``policy_version`` the
         version that sampled the first token, with ``version_spans`` only where later versions
-        took over (an in-flight weight update), and the adapter that sampled them. ``fields``: the rest (text, tool calls ...)."""
+        took over (an in-flight weight update), and the adapter that sampled them. ``fields``:
+        the rest (text, tool calls ...)."""
         spans = [tuple(s) for s in comp.version_spans]
         return cls(action_ids=comp.token_ids, action_logprobs=comp.logprobs, policy_version=spans[0][1],
                    version_spans=spans if len(spans) > 1 else [], adapter=comp.adapter, **fields)

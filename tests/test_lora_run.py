@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 import json
 
@@ -43,6 +45,15 @@ def _server(policy: str, **kw):
 def test_the_adapter_client_names_the_runs_adapter_in_every_request(tiny_policy) -> None:
     from rollout.engines.client import AdapterClient, LocalEngineClient
 
+    class BaseOnly(LocalEngineClient):
+        """A real engine reached past the adapter a request names (as a wrongly routed one would)."""
+
+        async def generate(self, prompt_ids, params, request_id=None, session_id=None):
+            return await super().generate(prompt_ids, replace(params, adapter=None), request_id, session_id)
+
+        def stream(self, prompt_ids, params, request_id=None, session_id=None):
+            return super().stream(prompt_ids, replace(params, adapter=None), request_id, session_id)
+
     policy = tiny_policy[0]
     weights = _adapter(policy, 1)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
@@ -66,6 +77,12 @@ def test_the_adapter_client_names_the_runs_adapter_in_every_request(tiny_policy)
         assert version == 3 and lps == pytest.approx(got.logprobs, abs=1e-4)
         with pytest.raises(ValueError, match="names adapter 'other' through the client of adapter 'run-a'"):
             await client.generate([5, 6], SamplingParams(max_new_tokens=2, adapter="other"))
+        # an engine that decodes with the base whatever the request names: refused, not trained on
+        lost = AdapterClient(BaseOnly(_server(policy)), SPEC)
+        with pytest.raises(RuntimeError, match="for adapter 'run-a' with 'the base model'"):
+            await lost.generate([5, 6, 7, 8], greedy)
+        with pytest.raises(RuntimeError, match="for adapter 'run-a' with 'the base model'"):
+            [c async for c in lost.stream([5, 6, 7, 8], greedy)]
 
     asyncio.run(run())
 

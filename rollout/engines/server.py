@@ -39,8 +39,7 @@ class EngineServer:
         (requests running at once, of them per adapter) for an engine several runs share."""
         self.cfg, self.catch_up, self._start_on_use = cfg, catch_up, restarted_by_ray
         self.gate = FairGate(*fair) if fair is not None else None
-        self._queued: dict[str, asyncio.Task] = {}  # request id -> its wait for a gate slot
-        self._aborted: set[str] = set()  # of those, aborted before they reached the engine
+        self._queued: dict[str, asyncio.Task] = {}  # request id -> its wait for a gate slot (abort takes it out)
         # a stored policy (``cluster.storage``) is copied to this node first
         self.engine = make_engine(cfg, node_copy(model_path), seed=seed)
         self._starting: asyncio.Future | None = None
@@ -135,10 +134,8 @@ class EngineServer:
         except asyncio.CancelledError:  # the caller went away: give back a slot granted meanwhile
             self._give_back(wait, adapter)
             raise
-        finally:
-            self._queued.pop(request_id, None)
-            aborted = request_id in self._aborted
-            self._aborted.discard(request_id)
+        finally:  # gone from the table: ``abort`` took it out
+            aborted = request_id is not None and self._queued.pop(request_id, None) is None
         if aborted:  # maybe granted as the abort came: then the slot goes back
             self._give_back(wait, adapter)
             return False
@@ -168,17 +165,16 @@ class EngineServer:
         await self._started()
         async with self._turn(params.adapter, request_id) as admitted:
             if not admitted:
-                done = self._aborted_now(request_id, params.adapter)
-                yield Chunk(request_id, [], [], done.version, "abort", params.adapter)
+                yield Chunk(request_id, [], [], self.engine.serving_version(params.adapter), "abort", params.adapter)
                 return
             async for chunk in self.engine.stream(prompt_ids, params, request_id):
                 yield chunk
 
     async def abort(self, request_id: str) -> bool:
         """End a request: one still waiting at the fair gate leaves it without running."""
-        if request_id in self._queued:
-            self._aborted.add(request_id)
-            self._queued[request_id].cancel()
+        wait = self._queued.pop(request_id, None)
+        if wait is not None:
+            wait.cancel()  # a no-op if granted meanwhile: ``_admitted`` gives the slot back
             return True
         return await self.engine.abort(request_id)
 
