@@ -150,22 +150,25 @@ def wait_steps(runs: list[Run], steps: int, timeout_s: float = 900.0) -> None:
         time.sleep(0.5)
 
 
-def window(runs: list[Run], seconds: float, warm_steps: int) -> list[float]:
-    """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps."""
+def window(runs: list[Run], seconds: float, warm_steps: int, engines: list[int] = ()) -> list[float]:
+    """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps;
+    prints where the CPU went meanwhile (``engines``: a pool's engine processes)."""
     print(f"  waiting for {len(runs)} run(s) to train {warm_steps} step(s) ...", flush=True)
     wait_steps(runs, warm_steps)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu_seconds(runs, list(engines))
     print(f"  window open ({seconds:.0f} s)", flush=True)
     while time.monotonic() < t0 + seconds:
         for r in runs:
             r.poll()
         time.sleep(0.5)
-    t1 = time.monotonic()
+    t1, cpu1 = time.monotonic(), cpu_seconds(runs, list(engines))
     while any(r.times[-1] <= t1 for r in runs):  # a step after the window to interpolate to
         for r in runs:
             r.poll()
         time.sleep(0.5)
-    return [(r.samples_at(t1) - r.samples_at(t0)) / (t1 - t0) for r in runs]
+    rates = [(r.samples_at(t1) - r.samples_at(t0)) / (t1 - t0) for r in runs]
+    print(f"  CPU: {cpu_split(cpu0, cpu1, t1 - t0, sum(rates) * (t1 - t0))}", flush=True)
+    return rates
 
 
 def uss_mb(pids: list[int]) -> float:
@@ -174,22 +177,58 @@ def uss_mb(pids: list[int]) -> float:
     return sum(psutil.Process(p).memory_full_info().uss for p in pids) / 2**20
 
 
-def run_memory(runs: list[Run]) -> dict[str, dict[str, float]]:
-    """USS (MB) of each run's processes by role: its driver and its job's live actors (by
-    class). Ray's public state API needs the dashboard, which the bench's cluster leaves out;
-    its GCS tables answer."""
+def run_processes(runs: list[Run]) -> dict[str, dict[str, list[int]]]:
+    """Each run's processes by role: its driver and its job's live actors (by class). Ray's
+    public state API needs the dashboard, which the bench's cluster leaves out; its GCS tables
+    answer."""
     from ray._private import state
 
     jobs = {j["DriverPid"]: j["JobID"] for j in state.state.job_table() if not j["IsDead"]}
     actors = [a for a in state.actors().values() if a["State"] == "ALIVE"]
-    out = {}
+    out: dict[str, dict[str, list[int]]] = {}
     for r in runs:
-        roles = {"driver": uss_mb([r.proc.pid])}
+        roles: dict[str, list[int]] = {"driver": [r.proc.pid]}
         for a in actors:
             if a["JobID"] == jobs.get(r.proc.pid):
-                roles[a["ActorClassName"]] = roles.get(a["ActorClassName"], 0.0) + uss_mb([a["Pid"]])
+                roles.setdefault(a["ActorClassName"], []).append(a["Pid"])
         out[r.name] = roles
     return out
+
+
+def run_memory(runs: list[Run]) -> dict[str, dict[str, float]]:
+    """USS (MB) of each run's processes by role."""
+    return {name: {role: uss_mb(pids) for role, pids in roles.items()}
+            for name, roles in run_processes(runs).items()}
+
+
+def cpu_seconds(runs: list[Run], engines: list[int]) -> dict[str, float]:
+    """CPU seconds (user + system) each role's processes have used so far, summed over the
+    runs; ``engines``: a pool's engine processes (a run's own engine is one of its actors)."""
+    import psutil
+
+    def used(pid: int) -> float:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return t.user + t.system
+
+    machine = psutil.cpu_times()
+    out = {"pool engine": sum(map(used, engines))} if engines else {}
+    for roles in run_processes(runs).values():
+        for role, pids in roles.items():
+            out[role] = out.get(role, 0.0) + sum(map(used, pids))
+    # What no run's process used: Ray's daemons, the bench, the pool's own actor, the system.
+    out["rest of the machine"] = machine.user + machine.system + machine.nice - sum(out.values())
+    return out
+
+
+def cpu_split(before: dict[str, float], after: dict[str, float], seconds: float, samples: float) -> str:
+    """Cores each role kept busy over a window and its CPU milliseconds per trained sample."""
+    used = {role: after[role] - before.get(role, 0.0) for role in after}
+    rows = sorted(used.items(), key=lambda kv: -kv[1])
+    return "; ".join(f"{role} {s / seconds:.2f} cores ({s / max(samples, 1e-9) * 1e3:.0f} ms/sample)"
+                     for role, s in rows) + f"; all {sum(used.values()) / seconds:.2f} cores"
 
 
 def by_role(roles: dict[str, float]) -> str:
@@ -255,7 +294,7 @@ def on_pool(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, 
     config, sets = run_args(policy, args)
     runs += [Run(f"tenant-{i}", config, [*sets, "rollout.pool=bench"], cluster, out)
              for i in range(len(runs), n)]
-    rates = window(runs, args.seconds, args.warm_steps)
+    rates = window(runs, args.seconds, args.warm_steps, [pid_of(e) for e in engines])
     memory = run_memory(runs)
     grown = uss_mb([pid_of(e) for e in engines]) - args.engine_mb
     row = {"rates": rates, "mb": statistics.mean(sum(roles.values()) for roles in memory.values()),

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from cluster.config import RunConfig
 from cluster.requirements import check_requirements
-from cluster.rates import mark, step_rates
+from cluster.rates import mark
 from cluster.run_sync import RunSync
 from cluster.supervision import Supervisor, resume_replay
 from cluster.survival import ComponentDied, LearnerDied, collect, dead_callee
@@ -104,7 +104,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         if not cfg.train.async_:
             metrics["time/generate_s"] = gen_s
         metrics["rollout/lost_groups"] = float(supervisor.revive.lost)
-        metrics |= step_rates(actors, last)
+        metrics |= supervisor.rates(last)
         if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
             scores = _evaluate(actors, heldout, cfg)
             metrics["eval/success"] = sum(scores.values()) / max(len(scores), 1)

@@ -57,6 +57,21 @@ class Supervisor:
             return None
 
 
+    def rates(self, last: dict[str, Any]) -> dict[str, float]:
+        """The step's rates (``cluster.rates.step_rates``); a service that died since the
+        step ended is revived first (or the run ends naming it), not left to fail the run
+        with a bare actor error."""
+        import ray
+
+        from cluster.rates import step_rates
+
+        try:
+            return step_rates(self.actors, last)
+        except ray.exceptions.RayActorError as exc:
+            self.vigils.died(exc)
+            return step_rates(self.actors, last)
+
+
 def restart_learner(cfg: RunConfig, actors: Any, monitor: Any, reason: str,
                     on_stage: Callable[[str], None]) -> int:
     """Replace a dead learner inside the run, from its last checkpoint; replay delivers again

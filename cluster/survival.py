@@ -127,6 +127,22 @@ class Vigils:
         self._after(service, name, cause, time.monotonic() - t0)
         self.refs[self._start(service)] = service
 
+    def died(self, exc: BaseException, timeout_s: float = 30.0) -> None:
+        """A call the driver made itself failed with ``exc`` (a ``RayActorError``): the callee
+        is dead. A watched service is revived as its vigil would have it (or the run ends
+        naming it, as there); any other component of the run ends it, named."""
+        import ray
+
+        dead = getattr(exc, "actor_id", None)
+        for ref, service in list(self.refs.items()):
+            handle = getattr(self.actors, service, None)
+            if handle is not None and handle._actor_id.hex() == dead:
+                ray.wait([ref], timeout=timeout_s)  # its vigil fails as soon as Ray sees the death
+                self.revive(ref)
+                return
+        name = actor_names(self.actors).get(dead or "", f"actor {dead}")
+        raise ComponentDied(f"{name} died ({type(exc).__name__}) under the driver's call") from exc
+
     def _after(self, service: str, name: str, cause: str, restart_s: float) -> None:
         import ray
 

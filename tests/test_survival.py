@@ -130,6 +130,32 @@ def test_a_dead_in_process_replay_host_ends_the_run_naming_it(tiny_run_config, t
     assert not any(s.startswith("learner rank") for s in stages)
 
 
+def test_a_replay_host_dying_after_a_step_ends_the_run_naming_it(tiny_run_config, tiny_policy, ray_cluster,
+                                                                 tmp_path) -> None:
+    """The race the test above can lose: the replay host dies after the learner's step claimed
+    its batch, and the driver's own call for the step's rates is the first to meet the death.
+    That call ends the run as the host's vigil would (named, with the way on), never with a
+    bare actor error."""
+    import os
+    import signal
+
+    from cluster.actors import start_actors
+    from cluster.supervision import Supervisor
+    from cluster.survival import ComponentDied
+
+    cfg = tiny_run_config([])
+    actors = start_actors(cfg, tiny_policy[0], str(tmp_path), "rates")
+    try:
+        supervisor = Supervisor(cfg, actors, [], None, print)
+        last: dict = {}
+        assert supervisor.rates(last)["replay/ready"] == 0
+        os.kill(json.loads((tmp_path / "placement.json").read_text())["replay"][0]["pid"], signal.SIGKILL)
+        with pytest.raises(ComponentDied, match=r"^replay host died .*replay\.type=memory"):
+            supervisor.rates(last)
+    finally:
+        actors.release()
+
+
 def test_a_dead_broadcast_engine_ends_the_run_naming_it(tiny_run_config, tiny_policy, ray_cluster,
                                                         tmp_path) -> None:
     """An engine on the broadcast weight transport is not restarted (a new process cannot join
