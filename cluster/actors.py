@@ -267,9 +267,10 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     # Admission paces the producers by the scheduled share of each batch (live groups are
     # put unscheduled and bounded on their own).
     services = cfg.cluster.service_resources
-    # Threads: a learner waiting in claim_wait must not hold up the puts that end its wait.
+    # Threads: a learner waiting in claim_wait and each rollout worker's admission request
+    # waiting for room must not hold up the puts and acks that end their waits.
     replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
-                                        resources=services, max_concurrency=ACTOR_THREADS,
+                                        resources=services, max_concurrency=ACTOR_THREADS + cfg.rollout.num_workers,
                                         **service_restarts(cfg, replay_host=True)).remote(
         cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
     pool = None

@@ -39,8 +39,9 @@ from rollout.trajectory import Group
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 ACTOR_THREADS = 9
-"""``max_concurrency`` for the host's actor: the waiting claim, producers' puts and stats, and
-the driver's ``vigil``, which holds one thread for the host's life."""
+"""``max_concurrency`` for the host's actor (the run adds one per rollout worker, whose
+admission request waits here for room): the waiting claim, producers' puts and stats, and the
+driver's ``vigil``, which holds one thread for the host's life."""
 RECHECK_S = 0.25
 """A waiting claim or reservation also looks again this often: a group put into Redis, or an
 ack made, by another client (not through this host) wakes no one."""

@@ -26,8 +26,9 @@ from rollout.ports import RolloutPorts, SubmitLost
 from rollout.remote_env import EnvHostPort, HostPicker
 from rollout.trajectory import Group
 
-WAVE_WAIT_S = 0.25
-"""Longest one admission wait of a wave; the loop then checks ``stop()`` and asks again."""
+ADMISSION_WAIT_S = 1.0
+"""Longest one admission request waits in replay for room before it is asked again (it holds
+one of the replay host's threads meanwhile; ``stop()`` waits for at most this)."""
 
 class RolloutWorker:
     def __init__(self, worker_id: int, cfg: RolloutConfig, env_cfg: Any, engine: EngineClient,
@@ -103,30 +104,48 @@ class RolloutWorker:
             self._failed_in_a_row = 0
 
     async def run(self) -> dict[str, int]:
-        """Produce groups until ``stop()``; re-raises the first failure of a group task."""
+        """Produce groups until ``stop()``; re-raises the first failure of a group task.
+        Admission is never polled: one request waits in replay for room (``ADMISSION_WAIT_S`` at
+        a time; an ack, a put or a release wakes it) beside the running groups, so a continuous
+        producer tops up the moment a slot frees and a waves producer asks only once its last
+        wave has ended."""
         self._stop.clear()
         active: set[asyncio.Task] = set()
+        asking: asyncio.Task | None = None
+        stopping = asyncio.create_task(self._stop.wait())
         waves = self.cfg.admission == "waves"
         try:
             while not self._stop.is_set():
-                want = 0 if waves and active else self.cfg.groups_in_flight - len(active)
-                # A wave waits in replay for room (woken when the learner publishes), so it
-                # starts then, not at the next 50 ms poll, which no other group would hide.
-                granted = await self.ports.reserve(want, WAVE_WAIT_S if waves else 0.0) if want > 0 else 0
-                active |= {asyncio.create_task(self._produce_one()) for _ in range(granted)}
-                if not active:
-                    if not waves:  # a wave's reserve has waited already
-                        await asyncio.sleep(0.05)
-                    continue
-                done, active = await asyncio.wait(active, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
+                want = self.cfg.groups_in_flight - len(active)
+                if asking is None and want > 0 and not (waves and active):
+                    asking = asyncio.create_task(self.ports.reserve(want, ADMISSION_WAIT_S))
+                waiting = {*active, stopping, *([asking] if asking is not None else [])}
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if asking in done:
+                    active |= {asyncio.create_task(self._produce_one()) for _ in range(asking.result())}
+                    asking = None
+                for fut in done & active:
+                    active.discard(fut)
                     fut.result()
         finally:
-            for fut in active:
-                fut.cancel()
-            if active:
-                await asyncio.gather(*active, return_exceptions=True)
+            stopping.cancel()
+            await self._end_run(asking, active)
         return dict(self._counts)
+
+    async def _end_run(self, asking: asyncio.Task | None, active: set[asyncio.Task]) -> None:
+        """Cancel the groups still running (each releases its reservation) and give back what
+        an admission request still waiting is granted, so no reservation outlives the loop."""
+        for fut in active:
+            fut.cancel()
+        if active:
+            await asyncio.gather(*active, return_exceptions=True)
+        if asking is not None:
+            try:
+                granted = await asking
+            except Exception:  # noqa: BLE001 - replay itself failing: nothing was granted to give back
+                return
+            if granted:
+                await self.ports.release(granted)
 
     async def collect(self, n_groups: int) -> int:
         """Sync mode: generate and submit ``n_groups`` with the weights the engines serve (the

@@ -82,6 +82,33 @@ def test_waves_start_only_when_the_last_wave_has_ended(admission, tiny_run_confi
         assert max(asked) > 0  # continuous admission tops up while groups run
 
 
+@pytest.mark.slow
+def test_a_producer_waits_for_room_in_replay_without_polling(tiny_run_config, tiny_policy, tmp_path) -> None:
+    """Replay full (eta 0, batches of 1: one group admitted until a learner acknowledges it):
+    a continuous producer's admission request waits in replay, asked again once a second at
+    most (it used to ask every 50 ms), and stopping leaves no reservation held."""
+    from rollout.engines import local_client
+    from rollout.worker import ADMISSION_WAIT_S, RolloutWorker
+
+    policy, _ = tiny_policy
+    cfg = tiny_run_config(["rollout.groups_in_flight=2", "rollout.group_size=2", "rollout.max_new_tokens=16"])
+    host = ReplayHost(ReplayConfig(eta=0), 1, str(tmp_path), "full")
+    ports = HostPorts(host)
+    worker = RolloutWorker(0, cfg.rollout, cfg.env, local_client(cfg.rollout.engine, policy), 0, ports)
+    seconds = 4.0
+
+    async def produce_then_stop() -> None:
+        producing = asyncio.create_task(worker.run())
+        await asyncio.sleep(seconds)
+        worker.stop()
+        await producing
+
+    asyncio.run(produce_then_stop())
+    assert ports.granted == ports.done == 1  # the one group admitted was put
+    assert len(ports.in_flight_at_reserve) <= seconds / ADMISSION_WAIT_S + 2, ports.in_flight_at_reserve
+    assert host.stats().running == 0 and host.stats().ready == 1
+
+
 def test_a_waiting_reservation_is_woken_by_the_ack_that_makes_room(tmp_path) -> None:
     from redis_fixture import make_group
 
