@@ -22,7 +22,8 @@ until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run
    share nothing (on a few cores N learners contend whatever the engines do). Memory: unique memory (USS) of each run's
    processes (its driver and every actor of its job) at its window's end, plus a tenant's share
    of what the pool's engines grew by since the pool started; a tenant against the whole stack
-   (goal <= 10%).
+   (goal <= 10%). Each window also prints the cores each role kept busy and its CPU
+   milliseconds per trained sample (where sharing's cost goes).
 With ``--engine-cores``, every engine (a run's own and the pool's) runs on those cores and
 everything else (drivers, learners, rollout workers, services, Ray's daemons) on the others, as
 on a cluster where inference has accelerators of its own: sharing is then measured without the
