@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 from cluster.config import RunConfig
 from cluster.requirements import check_requirements
-from cluster.rates import mark
 from cluster.run_sync import RunSync
 from cluster.supervision import Supervisor, resume_replay
 from cluster.survival import ComponentDied, LearnerDied, collect, dead_callee
@@ -84,12 +83,13 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
                 on_stage: Callable[[str], None]) -> int:
     rollouts_run = cfg.train.async_ and cfg.train.source != "live"  # live: served sessions only
     last: dict[str, Any] = {}
-    mark(actors, last)  # rates count from here: not the held-out evaluation before
-    rollout_refs = [w.run.remote() for w in actors.rollouts] if rollouts_run else []
+    rollout_refs: list[Any] = []  # the supervisor watches this list as the loops start
+    supervisor = Supervisor(cfg, actors, rollout_refs, monitor, on_stage)
+    supervisor.mark(last)  # rates count from here: not the held-out evaluation before
+    rollout_refs += [w.run.remote() for w in actors.rollouts] if rollouts_run else []
     per_worker = -(-cfg.learner.batch_groups // len(actors.rollouts))
     sync = RunSync(cfg, result.run_dir)
     step = result.steps
-    supervisor = Supervisor(cfg, actors, rollout_refs, monitor, on_stage)
     while step < cfg.train.steps:
         step += 1
         if not cfg.train.async_:
@@ -108,7 +108,7 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
         if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
             scores = _evaluate(actors, heldout, cfg)
             metrics["eval/success"] = sum(scores.values()) / max(len(scores), 1)
-            mark(actors, last)  # the next step's rates leave the evaluation out
+            supervisor.mark(last)  # the next step's rates leave the evaluation out
         monitor.update(metrics)
         sync.push("metrics.jsonl")
         result.steps = step  # kept current so an interrupted run reports how far it got

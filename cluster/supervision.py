@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from cluster.config import RunConfig
 from cluster.survival import LearnerDied, RolloutReviver, Vigils, name_engine_death, watch
+
+T = TypeVar("T")
 
 
 class Supervisor:
@@ -58,18 +60,28 @@ class Supervisor:
 
 
     def rates(self, last: dict[str, Any]) -> dict[str, float]:
-        """The step's rates (``cluster.rates.step_rates``); a service that died since the
-        step ended is revived first (or the run ends naming it), not left to fail the run
-        with a bare actor error."""
-        import ray
-
+        """The step's rates (``cluster.rates.step_rates``)."""
         from cluster.rates import step_rates
 
+        return self._asking(step_rates, last)
+
+    def mark(self, last: dict[str, Any]) -> None:
+        """Start the next step's counting now (``cluster.rates.mark``)."""
+        from cluster.rates import mark
+
+        self._asking(mark, last)
+
+    def _asking(self, ask: Callable[[Any, dict[str, Any]], T], last: dict[str, Any]) -> T:
+        """``ask(actors, last)``, the driver's own calls on the actors between steps: a service
+        that died since the step ended is revived first (or the run ends naming it), not left
+        to fail the run with a bare actor error."""
+        import ray
+
         try:
-            return step_rates(self.actors, last)
+            return ask(self.actors, last)
         except ray.exceptions.RayActorError as exc:
             self.vigils.died(exc)
-            return step_rates(self.actors, last)
+            return ask(self.actors, last)
 
 
 def restart_learner(cfg: RunConfig, actors: Any, monitor: Any, reason: str,
