@@ -58,7 +58,6 @@ class Supervisor:
             self.restarted_at = restart_learner(self.cfg, self.actors, self.monitor, str(exc), self.on_stage)
             return None
 
-
     def rates(self, last: dict[str, Any]) -> dict[str, float]:
         """The step's rates (``cluster.rates.step_rates``)."""
         from cluster.rates import step_rates
