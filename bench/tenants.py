@@ -48,7 +48,7 @@ import tempfile
 import time
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
@@ -151,7 +151,7 @@ def wait_steps(runs: list[Run], steps: int, timeout_s: float = 900.0) -> None:
         time.sleep(0.5)
 
 
-def window(runs: list[Run], seconds: float, warm_steps: int, engines: list[int] = ()) -> list[float]:
+def window(runs: list[Run], seconds: float, warm_steps: int, engines: Sequence[int] = ()) -> list[float]:
     """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps;
     prints where the CPU went meanwhile (``engines``: a pool's engine processes)."""
     print(f"  waiting for {len(runs)} run(s) to train {warm_steps} step(s) ...", flush=True)
@@ -295,9 +295,10 @@ def on_pool(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, 
     config, sets = run_args(policy, args)
     runs += [Run(f"tenant-{i}", config, [*sets, "rollout.pool=bench"], cluster, out)
              for i in range(len(runs), n)]
-    rates = window(runs, args.seconds, args.warm_steps, [pid_of(e) for e in engines])
+    engine_pids = [pid_of(e) for e in engines]
+    rates = window(runs, args.seconds, args.warm_steps, engine_pids)
     memory = run_memory(runs)
-    grown = uss_mb([pid_of(e) for e in engines]) - args.engine_mb
+    grown = uss_mb(engine_pids) - args.engine_mb
     row = {"rates": rates, "mb": statistics.mean(sum(roles.values()) for roles in memory.values()),
            "shared": max(grown, 0.0) / n}
     print(f"  {sum(rates):.2f} samples/s together (per run {min(rates):.2f}-{max(rates):.2f}); a run's own "

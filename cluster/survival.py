@@ -134,13 +134,12 @@ class Vigils:
         import ray
 
         dead = getattr(exc, "actor_id", None)
+        name = actor_names(self.actors).get(dead or "", f"actor {dead}")
         for ref, service in list(self.refs.items()):
-            handle = getattr(self.actors, service, None)
-            if handle is not None and handle._actor_id.hex() == dead:
+            if self.SERVICES.get(service, service) == name:  # a service, or a watched engine
                 ray.wait([ref], timeout=timeout_s)  # its vigil fails as soon as Ray sees the death
                 self.revive(ref)
                 return
-        name = actor_names(self.actors).get(dead or "", f"actor {dead}")
         raise ComponentDied(f"{name} died ({type(exc).__name__}) under the driver's call") from exc
 
     def _after(self, service: str, name: str, cause: str, restart_s: float) -> None:

@@ -14,10 +14,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 import torch
