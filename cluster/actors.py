@@ -238,10 +238,20 @@ def producer_id(worker: int) -> str:
 
 def learner_actor_class(learner_cls: Any) -> Any:
     """The learner as a Ray actor class. Its ``control`` concurrency group runs ``interrupt()``
-    beside a ``train_step`` blocked waiting for a batch; everything else stays serial."""
+    beside a ``train_step`` blocked waiting for a batch, and the driver's questions about the
+    process (placement, its metrics endpoint) beside any step: a step that waits for rollout
+    actors the driver is restarting must not hold the restart's bookkeeping behind it.
+    Everything else stays serial."""
     import ray
 
-    return ray.remote(concurrency_groups={"control": 1})(learner_cls)
+    attrs: dict[str, Any] = {"__doc__": learner_cls.__doc__}
+    if hasattr(learner_cls, "start_metrics_server"):  # instrumented (cluster.telemetry)
+        def start_metrics_server(self: Any, run_id: str) -> str | None:
+            return learner_cls.start_metrics_server(self, run_id)
+
+        attrs["start_metrics_server"] = ray.method(concurrency_group="control")(start_metrics_server)
+    # keep the class's name: Ray prefixes actor log lines and dashboard rows with it
+    return ray.remote(concurrency_groups={"control": 1})(type(learner_cls.__name__, (learner_cls,), attrs))
 
 
 def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, resume: bool = False,
@@ -400,8 +410,12 @@ def record_placement(actors: RunActors, run_dir: str) -> dict[str, list[dict[str
     ``cpu_affinity`` put them."""
 
     roles = {"replay": [actors.replay], "weights": [actors.weights], "reward": [actors.reward], "rollout": actors.rollouts,
-             "engine": actors.engines, "env": actors.envs, "learner": actors.learner.ranks}
+             "engine": actors.engines, "env": actors.envs}
     refs = {role: [a.__ray_call__.remote(_node_of) for a in handles] for role, handles in roles.items()}
+    # The learner's default group may be in a step waiting for the very rollout actors whose
+    # restart this records (learner_actor_class): ask in its control group.
+    refs["learner"] = [r.__ray_call__.options(concurrency_group="control").remote(_node_of)
+                       for r in actors.learner.ranks]
     placement = {role: [_answer(ref) for ref in r] for role, r in refs.items()}
     atomic_write(Path(run_dir, "placement.json"), json.dumps(placement, indent=2))
     return placement

@@ -34,6 +34,7 @@ from replay.base import Claim, LiveShare, PutResult, ReplayStats
 from replay.config import ReplayConfig
 from replay.record import GroupRecord, as_record
 from replay.registry import make_store
+from rollout.ports import producer_name
 from rollout.trajectory import Group
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,12 +70,17 @@ class ReplayHost:
         self.store = make_store(cfg, batch_groups, Path(run_dir), run_id)
         self._durable_acks = cfg.type == "redis"
         self._held: dict[str, int] = {}
-        """Producer -> reservations granted and not yet used by a put or released."""
+        """Producer process -> reservations granted and not yet used by a put or released."""
+        self._gone: set[str] = set()
+        """Producer processes given up for dead (``release_producer``): what they still ask
+        for is refused, what they give back was given back already."""
         self._changed = threading.Condition()
         """Held by every call; notified when groups may have become claimable."""
 
     @_serial
     def reserve(self, n: int, producer: str | None = None) -> int:
+        if producer in self._gone:  # a dead process's request, still waiting here
+            return 0
         granted = self.store.reserve(n)
         if producer is not None:
             self._held[producer] = self._held.get(producer, 0) + granted
@@ -90,6 +96,8 @@ class ReplayHost:
 
     @_serial
     def release(self, n: int, producer: str | None = None) -> None:
+        if producer in self._gone:  # ``release_producer`` gave them back
+            return
         self.store.release(n)
         if producer is not None:
             self._held[producer] = max(0, self._held.get(producer, 0) - n)
@@ -113,11 +121,15 @@ class ReplayHost:
 
     @_serial
     def release_producer(self, producer: str) -> int:
-        """Give back every reservation ``producer`` holds (it died with its groups in flight);
-        returns how many: the groups it lost."""
-        n = self._held.pop(producer, 0)
+        """Give back every reservation ``producer`` holds (it died with its groups in flight)
+        and refuse its dead processes' calls still in flight (``rollout.ports.ActorPorts``);
+        returns how many: the groups it lost. Called before the producer's new process asks."""
+        dead = [p for p in self._held if producer_name(p) == producer]
+        n = sum(self._held.pop(p) for p in dead)
+        self._gone.update(dead)
         if n:
             self.store.release(n)
+            self._changed.notify_all()  # the room is free for the live producers waiting
         return n
 
     @_serial

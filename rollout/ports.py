@@ -7,6 +7,7 @@ deployment) can pass any object with the same coroutine methods.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Protocol
 
 from envs.formats import DEFAULT_FORMAT
@@ -27,12 +28,37 @@ class RolloutPorts(Protocol):
     async def submit(self, group: Group) -> Any: ...
 
 
+INCARNATION_SEP = "#"
+"""Between a producer's name and the token of one of its processes (``rollout-0#3f9a2c1b``)."""
+
+
+def producer_name(producer: str) -> str:
+    """The producer a reservation holder belongs to, whichever of its processes holds it."""
+    return producer.split(INCARNATION_SEP, 1)[0]
+
+
 class ActorPorts:
     """Ports backed by Ray actor handles (replay, reward). ``producer`` names this producer's
-    reservations in replay, so they can be given back if it dies."""
+    reservations in replay, so they can be given back if it dies: its name (``name``) and a
+    token of this process, drawn in the process that first uses it. Ray starts a restarted actor
+    from the same pickled arguments, so without the token a call the dead process left in
+    flight (an admission request waiting in replay) would be granted to the new one's name after
+    the driver gave the dead one's reservations back, and held by no one forever."""
 
     def __init__(self, replay: Any, reward: Any, producer: str | None = None) -> None:
-        self.replay, self.reward, self.producer = replay, reward, producer
+        self.replay, self.reward, self.name = replay, reward, producer
+        self._token: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_token": None}  # every process its own
+
+    @property
+    def producer(self) -> str | None:
+        if self.name is None:
+            return None
+        if self._token is None:
+            self._token = uuid.uuid4().hex[:8]
+        return f"{self.name}{INCARNATION_SEP}{self._token}"
 
     async def reserve(self, n: int, wait_s: float = 0.0) -> int:
         """Up to ``n`` admissions; with ``wait_s``, waits that long in replay for room."""

@@ -130,3 +130,38 @@ def test_a_failed_call_fails_every_put_in_it_and_the_next_call_goes_on() -> None
 
     assert [r.status for r in asyncio.run(main())] == ["accepted", "accepted"]
     assert calls == [1, 2]
+
+
+def test_a_dead_processs_waiting_admission_is_refused_once_its_producer_is_released(tmp_path) -> None:
+    """A rollout worker killed while its admission request waits here for room: the driver
+    gives its reservations back (``release_producer``), which frees room, and the dead
+    process's request, still waiting, must not be granted it (nobody would ever use or give
+    back that grant: with eta 1 and batches of 2 a grant of 4 admits nothing more, and the
+    run stops; test_multinode's hang). The restarted worker asks under a new token."""
+    host = ReplayHost(ReplayConfig(eta=1, max_concurrent_groups=16), 2, str(tmp_path), "fence")
+    dead, new = "rollout-0#deadbeef", "rollout-0#0a1b2c3d"
+    assert host.reserve(4, dead) == 4  # (eta + version + 1) * batch = 4: all the room there is
+    answer: list[int] = []
+    waiting = threading.Thread(target=lambda: answer.append(host.reserve_wait(4, dead, wait_s=3.0)))
+    waiting.start()
+    time.sleep(0.3)  # its request waits for room
+    assert host.release_producer("rollout-0") == 4  # the groups it lost
+    waiting.join(timeout=10)
+    assert answer == [0] and host.stats().running == 0
+    host.release(2, dead)  # its failed groups' give-back, late: already given back, not again
+    assert host.reserve(4, new) == 4 and host.stats().running == 4
+    assert host.release_producer("rollout-0") == 4  # the new process's, when it dies in turn
+
+
+def test_each_process_of_a_producer_names_itself_apart() -> None:
+    """Ray starts a restarted actor from the same pickled arguments: the token is drawn in the
+    process, so the new process's reservations are not the dead one's."""
+    import pickle
+
+    from rollout.ports import ActorPorts, producer_name
+
+    ports = ActorPorts(None, None, "rollout-3")
+    first, again = ports.producer, pickle.loads(pickle.dumps(ports)).producer
+    assert first == ports.producer  # one name for the life of the process
+    assert first != again and producer_name(first) == producer_name(again) == "rollout-3"
+    assert ActorPorts(None, None).producer is None  # no ledger entry for an unnamed producer

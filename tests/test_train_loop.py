@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -138,13 +139,19 @@ def test_trajectory_balance_trains_its_log_z_with_the_policy(tiny_run_config, ti
     assert len(resumed["task_codes"]) >= len(codes)
 
 
-def test_an_interrupted_learner_stops_waiting_and_still_checkpoints(tiny_policy, ray_cluster, tmp_path) -> None:
-    # The driver's end of a run whose rollouts died: train_step is blocked in wait_claim on an
-    # empty replay (claim_timeout_s 600); interrupt() on the control group ends it at once and
-    # the checkpoint queued behind it is written (it used to wait out the whole timeout).
+def test_a_waiting_learner_answers_the_driver_and_an_interrupt_still_checkpoints(tiny_policy, ray_cluster,
+                                                                                  tmp_path) -> None:
+    # A run whose rollout actors died: train_step is blocked in wait_claim on an empty replay
+    # (claim_timeout_s 600). (1) The driver restarting those rollout actors records where every
+    # actor runs and republishes the metrics endpoints meanwhile: the learner answers from its
+    # control group, or the driver would wait on a step that waits on the driver
+    # (test_multinode's hang). (2) interrupt() ends the step at once and the checkpoint queued
+    # behind it is written (it used to wait out the whole timeout).
     import time
 
-    from cluster.actors import learner_actor_class
+    from cluster.actors import RunActors, learner_actor_class, publish_targets, record_placement
+    from cluster.learner_group import LearnerGroup
+    from cluster.telemetry import TARGETS_FILE, instrument
     from learner.config import LearnerConfig
     from learner.ports import ActorLearnerPorts
     from learner.weights import WeightSync
@@ -155,13 +162,22 @@ def test_an_interrupted_learner_stops_waiting_and_still_checkpoints(tiny_policy,
     ray = ray_cluster
     replay = ray.remote(ReplayHost).options(num_cpus=0, max_concurrency=ACTOR_THREADS).remote(ReplayConfig(), 2, str(tmp_path), "interrupt")
     sync = ray.remote(WeightSync).options(num_cpus=0).remote([])
-    learner = learner_actor_class(LearnerWorker).options(num_cpus=0.5).remote(
+    learner = learner_actor_class(instrument(LearnerWorker, "learner")).options(num_cpus=0.5).remote(
         LearnerConfig(batch_groups=2, claim_timeout_s=600), tiny_policy[0], str(tmp_path),
         ActorLearnerPorts(replay, sync), group_size=2, temperature=1.0)
     try:
         step = learner.train_step.remote()
         ray.get(learner.get_version.options(concurrency_group="control").remote())  # constructed
         time.sleep(0.5)
+        # the run's reward front plays no part here: the sync stands in for it
+        actors = RunActors(replay, sync, sync, [], LearnerGroup([learner]), [], [], None, run_dir=str(tmp_path))
+        placement = record_placement(actors, str(tmp_path))
+        assert placement["learner"][0]["node_id"] == ray.get_runtime_context().get_node_id()
+        assert placement["learner"][0]["pid"] != os.getpid()
+        publish_targets(actors, str(tmp_path), "waiting")  # best effort: a timeout would only log
+        targets = json.loads((tmp_path / TARGETS_FILE).read_text())
+        assert [t["labels"]["component"] for t in targets] == ["learner"] and len(targets[0]["targets"]) == 1
+        assert ray.wait([step], timeout=0)[0] == []  # the step still waits for its batch
         t0 = time.monotonic()
         learner.interrupt.options(concurrency_group="control").remote()
         with pytest.raises(ray.exceptions.RayTaskError, match="told to stop waiting for a batch"):
