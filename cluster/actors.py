@@ -279,32 +279,44 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     services = cfg.cluster.service_resources
     # Threads: a learner waiting in claim_wait and each rollout worker's admission request
     # waiting for room must not hold up the puts and acks that end their waits.
-    replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
-                                        resources=services, max_concurrency=ACTOR_THREADS + cfg.rollout.num_workers,
-                                        **service_restarts(cfg, replay_host=True)).remote(
-        cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
-    pool = None
-    if cfg.rollout.pool is not None:  # a shared pool's engines, serving this run's adapter
-        from cluster.pool import pool_engines
+    made: list[Any] = []  # started so far (replay first): stopped again if a later start fails
+    try:
+        replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
+                                            resources=services, max_concurrency=ACTOR_THREADS + cfg.rollout.num_workers,
+                                            **service_restarts(cfg, replay_host=True)).remote(
+            cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
+        made.append(replay)
+        pool = None
+        if cfg.rollout.pool is not None:  # a shared pool's engines, serving this run's adapter
+            from cluster.pool import pool_engines
 
-        pool, engines = pool_engines(cfg.rollout.pool, str(policy_path))
-    else:
-        engines = start_engines(cfg, str(policy_path), run_id)
-    client = RayEngineClient(engines, str(policy_path))
-    if (adapter := run_adapter(cfg, run_id)) is not None:  # every request of the run names it
-        client = AdapterClient(client, adapter)
-    scorers = start_scorers(cfg, str(policy_path))
-    reward = start_reward_service(cfg, replay, str(policy_path), client, scorers)
-    weights = start_weight_sync(cfg, run_id, engines, scorers, replay)
-    envs = start_env_hosts(cfg)
-    env_ports = [ActorEnvPort(h) for h in envs] or None
-    rollouts = [
-        ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, resources=cfg.rollout.resources,
-                                    max_concurrency=256, max_restarts=cfg.rollout.max_restarts,
-                                    max_task_retries=0).remote(
-            i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward, producer_id(i)), env_ports)
-        for i in range(cfg.rollout.num_workers)
-    ]
+            pool, engines = pool_engines(cfg.rollout.pool, str(policy_path))
+        else:
+            engines = start_engines(cfg, str(policy_path), run_id)
+            made += engines
+        client = RayEngineClient(engines, str(policy_path))
+        if (adapter := run_adapter(cfg, run_id)) is not None:  # every request of the run names it
+            client = AdapterClient(client, adapter)
+        scorers = start_scorers(cfg, str(policy_path))
+        made += scorers
+        reward = start_reward_service(cfg, replay, str(policy_path), client, scorers)
+        made.append(reward)
+        weights = start_weight_sync(cfg, run_id, engines, scorers, replay)
+        made.append(weights)
+        envs = start_env_hosts(cfg)
+        made += envs
+        env_ports = [ActorEnvPort(h) for h in envs] or None
+        rollouts = [
+            ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, resources=cfg.rollout.resources,
+                                        max_concurrency=256, max_restarts=cfg.rollout.max_restarts,
+                                        max_task_retries=0).remote(
+                i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward, producer_id(i)), env_ports)
+            for i in range(cfg.rollout.num_workers)
+        ]
+        made += rollouts
+    except BaseException:
+        _stop_started(made)
+        raise
     ports = ActorLearnerPorts(replay, weights, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
 
     def make_learner(resume: bool, version_floor: int = 0) -> LearnerGroup:
@@ -437,6 +449,21 @@ def _node_of(_actor: Any) -> dict[str, str]:
 
     return {"node_id": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address(),
             "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0))}
+
+
+def _stop_started(made: list[Any]) -> None:
+    """What ``start_actors`` started before a later start failed: the rest killed, replay
+    (``made[0]``) closed first where it answers, as ``RunActors.release`` does."""
+    import ray
+
+    for actor in reversed(made[1:]):
+        ray.kill(actor)
+    if made:
+        try:
+            ray.get(made[0].close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - it failed to start, or is stuck: killing it is all that is left
+            pass
+        ray.kill(made[0])
 
 
 def pin(actors: list[Any], cores: list[int] | None, key: str) -> None:

@@ -34,9 +34,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _graceful)
+    from storage.places import PlaceError
+
     try:
         result = train(cfg, resume=args.resume)
-    except NothingToResumeError as exc:
+    except (NothingToResumeError, PlaceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if result.interrupted:

@@ -18,6 +18,7 @@ from envs.base import TaskSource
 from envs.formats import DEFAULT_FORMAT
 from learner.config import PolicyConfig
 from storage.files import atomic_folder
+from storage.places import local_dir
 
 BOOTSTRAP_VERSION = 4  # bump when the tokenizer, template or SFT recipe changes
 
@@ -107,7 +108,8 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
     if name != "tiny":
         return _pretrained_policy(name, cfg, env_cfg, show_progress, history_turns, chat_format)
     demo_cfg = demo_env_config(cfg, env_cfg)
-    final = Path(cfg.cache_dir).resolve() / cache_key(cfg, env_cfg.model_dump_json(), history_turns, chat_format)
+    final = local_dir(cfg.cache_dir, "policy.cache_dir") / cache_key(cfg, env_cfg.model_dump_json(), history_turns,
+                                                                     chat_format)
 
     def build(tmp: Path) -> None:
         from envs.registry import make_task_source
@@ -165,4 +167,4 @@ def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_pr
                   "build_s": time.perf_counter() - t0}
         (tmp / "turnrl_bootstrap.json").write_text(json.dumps(stats, indent=2))
 
-    return _cached(Path(cfg.cache_dir).resolve() / f"{name}-{key}", build)
+    return _cached(local_dir(cfg.cache_dir, "policy.cache_dir") / f"{name}-{key}", build)

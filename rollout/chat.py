@@ -129,6 +129,23 @@ def observation_text(tokenizer: Any, messages: list[dict[str, Any]],
     return full[ending[1]:]
 
 
+def check_template(tokenizer: Any, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> None:
+    """Refuse, before any episode runs, a template that multi-turn episodes cannot continue
+    after an action (``observation_text`` raises for it): episodes would otherwise fail one by
+    one mid-run. The live endpoint renders such conversations in full instead (a new segment
+    per request, gateway/sessions.py); a rollout's trajectory is one token sequence and cannot."""
+    probe = [{"role": "tool", "name": "search", "content": "result"}, {"role": "user", "content": "go on"}]
+    try:
+        observation_text(tokenizer, probe[:1], chat_format)
+        observation_text(tokenizer, probe[1:], chat_format)
+    except ValueError as exc:
+        name = getattr(tokenizer, "name_or_path", "") or "the policy's tokenizer"
+        raise ValueError(f"chat template of {name}: {exc}. Multi-turn episodes append the environment's "
+                         "messages to the sampled tokens, which needs an assistant turn to end the same way "
+                         "whatever follows it; use a policy whose template does (or set its chat_template "
+                         "in tokenizer_config.json)") from exc
+
+
 def _turn_end(text: str, eos: str) -> tuple[int, int] | None:
     """(start, end) of the text from the sentinel's end through the next end-of-turn token."""
     at = text.rfind(_SENTINEL)

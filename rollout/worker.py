@@ -18,6 +18,7 @@ from typing import Any
 
 from envs.base import Task
 from envs.registry import make_task_source
+from rollout import chat
 from rollout.config import RolloutConfig
 from rollout.engines.base import SamplingParams
 from rollout.engines.client import EngineClient
@@ -41,6 +42,8 @@ class RolloutWorker:
         # Episodes run here, or in environment actors when the run configures them.
         self._envs = HostPicker(env_hosts) if env_hosts else self.source
         self.engine = engine
+        if getattr(env_cfg, "max_turns", 2) > 1:  # refused here, at start, not episode by episode
+            chat.check_template(engine.tokenizer, cfg.chat_format)
         self._train = self.source.tasks("train")
         self._rng = random.Random(seed * 7919 + worker_id)
         self._stop = asyncio.Event()

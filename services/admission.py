@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from cluster.config import ConfigError, RunConfig, build_config
 from services.config import LimitsConfig, ServiceConfig, ServiceConfigError
 from services.secrets import secret_fields
-from storage.places import PlaceError, check_prefix, classify, exists, under_prefix
+from storage.places import PlaceError, check_prefix, classify, exists, local_dir, under_prefix
 
 
 class InvalidRunConfig(ValueError):
@@ -363,8 +363,12 @@ class _Walk:
         if not _has(self.body, loc) and self.adm.cache_dir is not None and rule.cache:
             _set(self.tree, loc, str(self.adm.cache_dir / self.owner / rule.cache))  # the tenant's own cache
             return
-        path = None if Path(value).is_absolute() else _resolve(value, self.run_dir)
-        if path is None or not _within(path, self.run_dir) or path == self.run_dir:
+        try:  # storage.places' rule, as for read fields: a URL is no folder, file:// is its path
+            path = local_dir(value, ".".join(loc), self.run_dir)
+        except PlaceError as exc:
+            self.refuse(loc, str(exc), "path")
+            return
+        if Path(value).is_absolute() or not _within(path, self.run_dir) or path == self.run_dir:
             self.refuse(loc, f"{value!r} is not allowed: runs write only inside their own directory; give a "
                              "relative path without '..' (or leave it unset)", "path")
             return

@@ -159,6 +159,19 @@ def model_ref(value: str | Path, field: str = "model path") -> str:
     return str(place.path)
 
 
+def local_dir(value: str | Path, field: str, base: Path | None = None) -> Path:
+    """The local directory a write field (an output or cache folder) names, absolute, by the
+    same rule as read fields: a ``file://`` URL is its path, a relative path resolves from
+    ``base``; any other URL is refused naming ``field`` (runs write these folders on their
+    node's disk; ``cluster.storage`` is where a run's files go to remote storage), so a URL
+    never becomes a folder named after it."""
+    place = classify(str(value), base)
+    if place.kind == "url":
+        raise PlaceError(f"{field}: {str(value)!r} is a URL, but runs write {field} to a local directory; "
+                         "give a path (cluster.storage puts a run's files in remote storage)")
+    return place.path if place.path is not None else _resolve(str(value), Path.cwd() if base is None else base)
+
+
 def local_model(value: str | Path, field: str = "model path") -> str:
     """What to hand ``from_pretrained`` on this node: ``model_ref``, with a URL replaced by this
     node's copy of the folder."""

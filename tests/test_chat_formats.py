@@ -17,7 +17,7 @@ from envs.formats import FORMATS, StreamParser, ToolCall, get_format
 from envs.toolcalls import parse_action
 from gateway.openai_types import ChatCompletionChunk
 from gateway.responses import ChoiceStream, chat_completion
-from gateway_fixtures import Sampled
+from gateway_fixtures import Sampled, random_policy  # noqa: F401 - a fixture
 from rollout import chat
 from rollout.config import RolloutConfig
 
@@ -291,3 +291,33 @@ def test_the_stream_decoder_gives_a_full_decode_s_text_token_by_token(family, to
         got = decoder.push(ids[i:i + 1])
         assert got == chat.decode_action(tok, ids[:i + 1], fmt).rstrip("\ufffd"), i
     assert decoder._stream is not None  # never fell back to full decodes
+
+
+def test_a_rollout_worker_refuses_a_template_whose_turn_end_changes_at_start(random_policy, tmp_path) -> None:
+    """A template that ends the last assistant turn with " " before end-of-turn, and without
+    it once a message follows: no delta can follow the sampled tokens, so every multi-turn
+    episode would fail at its second turn. The worker refuses it as it starts, naming the
+    template and why; the same policy with its own template starts."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from cluster.config import load_config
+    from rollout.engines import local_client
+    from rollout.worker import RolloutWorker
+
+    padded = "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}{% if loop.last and m.role == " \
+             "'assistant' %} {% endif %}<|im_end|>\n{% endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n" \
+             "{% endif -%}"
+    shutil.copytree(random_policy, tmp_path / "policy")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    tok.chat_template = padded
+    tok.save_pretrained(tmp_path / "policy")
+    cfg = load_config(None, ["env.num_entities=40", "env.hops=[1]", "env.max_turns=2", "env.num_train_tasks=10",
+                             "env.num_heldout_tasks=5"])
+    engine = local_client(cfg.rollout.engine, str(tmp_path / "policy"))
+    with pytest.raises(ValueError, match=r"chat template of .*policy: the chat template ends an assistant turn "
+                                         r"differently when more messages follow.*use a policy whose template does"):
+        RolloutWorker(0, cfg.rollout, cfg.env, engine, 0, None)
+    own = local_client(cfg.rollout.engine, random_policy)
+    assert RolloutWorker(0, cfg.rollout, cfg.env, own, 0, None).worker_id == 0

@@ -20,8 +20,22 @@ def test_demo_config_loads_with_overrides() -> None:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_config_loads(path: Path) -> None:
-    assert load_config(path, []).name
+def test_every_shipped_config_loads_as_written(path: Path) -> None:
+    """Every value the file sets is the loaded config's: nothing renamed, dropped or coerced."""
+    import yaml
+
+    written = yaml.safe_load(path.read_text())
+    loaded = load_config(path, []).model_dump(by_alias=True)
+    _same(written, loaded, path.name)
+
+
+def _same(written: object, loaded: object, where: str) -> None:
+    if isinstance(written, dict) and isinstance(loaded, dict):
+        for key, value in written.items():
+            assert key in loaded, f"{where}.{key} is not in the loaded config"
+            _same(value, loaded[key], f"{where}.{key}")
+    else:
+        assert written == loaded, f"{where}: the file says {written!r}, the config holds {loaded!r}"
 
 
 def test_learning_bench_runs_the_demo_task_and_warm_start() -> None:

@@ -39,7 +39,10 @@ def test_eval_reports_success_with_an_interval_and_writes_one_row_per_task(
     for r in rows:
         assert len(r["samples"]) == 2 and set(r["samples"]) <= {0.0, 1.0}
         assert r["success"] == sum(r["samples"]) / 2  # per-task mean of its samples
-        assert r["metrics"]["tool_calls"] >= 0 and 1 <= r["turns"] <= cfg.env.max_turns
+        assert 1 <= r["turns"] <= cfg.env.max_turns
+        # per-task means of each sample's counts: halves, and the searches among the calls
+        assert (2 * r["metrics"]["tool_calls"]).is_integer() and (2 * r["metrics"]["searches"]).is_integer()
+        assert r["metrics"]["searches"] <= r["metrics"]["tool_calls"]
     mean = sum(r["success"] for r in rows) / 6
     assert summary["tasks"] == 6 and summary["success"] == pytest.approx(mean, abs=1e-12)
     low, high = summary["ci95"]

@@ -88,6 +88,7 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
 
     cfg = tiny_run_config(["policy.sft.steps=300", f"output_dir={tmp_path}", "name=live",
                            "live.enabled=true", f"live.tokens=[{TOKEN}]", "live.feedback_timeout_s=600",
+                           "live.close_after_feedback_s=2",
                            "train.source=live", "train.steps=2", "learner.batch_groups=2",
                            "learner.num_cpus=0.5", "learner.checkpoint_every=0", "eval.num_tasks=0",
                            "rollout.group_size=2", "progress=none"])
@@ -105,7 +106,8 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
             fb = http.post(f"{base}/sessions/{sid}/feedback", headers=auth,
                            json={"outcome": float(i % 2), "turn_rewards": [0.1, float(i % 2)]})
             assert fb.status_code == 200 and fb.json()["turns"] == 2
-            assert http.post(f"{base}/sessions/{sid}/end", headers=auth).json()["submitted"] is True
+            if i < 2:  # the other two never call /end, as the SDK's agents do not: closed 2 s after feedback
+                assert http.post(f"{base}/sessions/{sid}/end", headers=auth).json()["submitted"] is True
 
         for i, sid in enumerate(sids[:2]):
             session(i, sid)
@@ -129,7 +131,8 @@ def test_openai_sdk_sessions_are_recorded_scored_and_trained(tiny_run_config, ag
     trained = [json.loads(line) for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
     trained_ids = [g for row in trained for g in row["group_ids"]]
     # group ids are live:<session>:<segment>:<nonce>; each session was one stitched segment, and
-    # the two steps trained all four sessions, two each, and nothing else
+    # the two steps trained all four sessions, two each, and nothing else: the two closed by
+    # close_after_feedback_s as the two closed by /end
     assert sorted(g.split(":")[1] for g in trained_ids) == sids
     assert {g.split(":")[2] for g in trained_ids} == {"0"} and [row["version"] for row in trained] == [1, 2]
     rows = [json.loads(line) for line in (run_dir / "live_sessions.jsonl").read_text().splitlines()]

@@ -92,3 +92,30 @@ def test_the_policy_path_goes_through_the_rule(tmp_path: Path) -> None:
     assert policy("s3://bucket/policy") == "s3://bucket/policy"  # each node copies it (node_copy)
     with pytest.raises(FileNotFoundError, match="policy.path: .* does not exist"):
         policy(str(tmp_path / "gone"))
+
+
+def test_write_fields_name_local_directories_by_the_same_rule(tmp_path: Path, monkeypatch) -> None:
+    """Output and cache folders: a path resolves (``file://`` is its path), a URL is refused
+    naming the field instead of becoming a folder called ``http:`` in the working directory."""
+    from storage.places import local_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert local_dir("runs", "output_dir") == tmp_path / "runs"  # hub-shaped, still a folder here
+    assert local_dir("cache/p", "policy.cache_dir", base=tmp_path / "run") == tmp_path / "run" / "cache" / "p"
+    assert local_dir(f"file://{tmp_path}/c", "policy.cache_dir") == tmp_path / "c"
+    with pytest.raises(PlaceError, match=r"^output_dir: 'http://example.com/runs' is a URL, but runs write "
+                                         r"output_dir to a local directory"):
+        local_dir("http://example.com/runs", "output_dir")
+
+
+def test_a_url_output_dir_stops_the_cli_before_anything_is_written(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", "--set", "output_dir=http://example.com/runs"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 2, out.stderr
+    assert "error: output_dir: 'http://example.com/runs' is a URL" in out.stderr
+    assert list(tmp_path.iterdir()) == []  # no folder named after the URL

@@ -162,6 +162,31 @@ def test_scorer_errors_are_missing_and_flagged(policy) -> None:
 
 
 # -- end to end on Ray ---------------------------------------------------------------------
+def _a_failed_start_gives_back_what_it_started(ray, tiny_run_config, policy_path: str, tmp_path) -> None:
+    """A run's start that fails after replay and the engine began (the scorers cannot fit)
+    stops them again: a caller that carries on (the run service, a bench) keeps its CPUs."""
+    import time
+
+    from cluster.actors import start_actors
+
+    free = ray.available_resources().get("CPU", 0.0)
+    with pytest.raises(RuntimeError, match="needs 2.25 Ray CPUs with 1 reward scorer"):
+        start_actors(tiny_run_config(["rewards.ig={}"]), policy_path, str(tmp_path / "failed"), "failed-start")
+
+    def named_replay_alive() -> bool:
+        try:
+            ray.get_actor("replay-failed-start")
+        except ValueError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 60  # once Ray has reaped the killed processes
+    while (named_replay_alive() or ray.available_resources().get("CPU", 0.0) < free) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not named_replay_alive()
+    assert ray.available_resources().get("CPU", 0.0) == pytest.approx(free)  # the engine's too
+
+
 @pytest.mark.slow
 def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_run_config, tmp_path) -> None:
     ray = ray_cluster
@@ -177,6 +202,7 @@ def test_service_on_ray_scores_and_puts_into_replay(ray_cluster, policy, tiny_ru
         f"rewards.prm={{type: model, path: '{policy.path}', transform: clip, clip_shift: 0.5}}"])
     with pytest.raises(RuntimeError, match="needs 2.25 Ray CPUs with 1 reward scorer"):
         check_cpus(tiny_run_config(), 1, 0)  # 0.5 rollout + 1 learner + 0.25 x 3 > 2
+    _a_failed_start_gives_back_what_it_started(ray, tiny_run_config, policy.path, tmp_path)
     replay = ray.remote(ReplayHost).options(num_cpus=0.1, max_concurrency=ACTOR_THREADS).remote(cfg.replay, 1, str(tmp_path), "t")
     scorers = start_scorers(cfg, policy.path)
     reward = start_reward_service(cfg, replay, policy.path, scorers=scorers)

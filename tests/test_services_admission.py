@@ -210,6 +210,13 @@ def test_refusals_say_what_is_allowed(service: Service, roots: Path) -> None:
     errors = refused(service, {"policy": {"cache_dir": "/tmp/shared"}})
     assert errors["policy.cache_dir"] == ("'/tmp/shared' is not allowed: runs write only inside their own "
                                           "directory; give a relative path without '..' (or leave it unset)")
+    # a write field meets storage.places' rule as a read field does: a URL is no folder name
+    errors = refused(service, {"policy": {"cache_dir": "http://cache.example/policies"}})
+    assert errors["policy.cache_dir"] == ("policy.cache_dir: 'http://cache.example/policies' is a URL, but runs "
+                                          "write policy.cache_dir to a local directory; give a path "
+                                          "(cluster.storage puts a run's files in remote storage)")
+    errors = refused(service, {"policy": {"cache_dir": "file:///tmp/shared"}})  # its path, outside the run
+    assert errors["policy.cache_dir"].startswith("'file:///tmp/shared' is not allowed: runs write only inside")
 
 
 def test_allowed_reads_and_writes_resolve_into_place(service: Service, roots: Path) -> None:

@@ -94,8 +94,9 @@ def _rates_match_their_counts(rows: list[dict], train_s: float) -> None:
     those seconds run back to back from the training start (not from the run's start, and
     not one second for the first step)."""
     for r in rows:
-        assert r["throughput/interval_s"] > 0 and r["throughput/gen_tokens"] >= 0
+        assert r["throughput/interval_s"] > 0 and float(r["throughput/gen_tokens"]).is_integer()  # a count
         assert r["throughput/gen_tokens_per_s"] == pytest.approx(r["throughput/gen_tokens"] / r["throughput/interval_s"])
+    assert sum(r["throughput/gen_tokens"] for r in rows) > 0  # the rollouts' tokens reached the rates
     assert rows[0]["throughput/interval_s"] > 1.0  # the first step's own time, never a token second
     assert sum(r["throughput/interval_s"] for r in rows) <= train_s
 

@@ -25,6 +25,7 @@ from envs.search_qa.questions import SYSTEM_PROMPT
 from envs.search_qa.retrieval import BM25Retriever, DenseRetriever, Retriever
 from envs.search_qa.source import SearchTaskSource
 from envs.toolcalls import ToolCall
+from storage.places import local_dir
 
 
 def _answers(where: str, record: dict[str, Any]) -> list[str]:
@@ -93,10 +94,11 @@ def load_corpus(path: str) -> tuple[list[str], list[str]]:
 
 
 def make_retriever(data: SearchDataConfig, texts: list[str]) -> Retriever:
+    cache = None if data.index_cache_dir is None else local_dir(data.index_cache_dir, "env.data.index_cache_dir")
     if data.retriever == "dense":
         assert data.dense_model_path is not None  # the config validator guarantees it
-        return DenseRetriever(texts, data.dense_model_path, data.index_cache_dir)
-    return BM25Retriever(texts, data.index_cache_dir)
+        return DenseRetriever(texts, data.dense_model_path, cache)
+    return BM25Retriever(texts, cache)
 
 
 class FileSearchQA(SearchTaskSource):
