@@ -82,7 +82,9 @@ class EvalConfig(BaseModel):
     """Rollouts per task; success is averaged per task before bootstrapping."""
     every_steps: int = Field(0, ge=0)
     """Also evaluate every N training steps (0: only before and after), logged as
-    ``eval/success`` in metrics.jsonl for learning curves."""
+    ``eval/success`` in metrics.jsonl for learning curves; the last step's weights are
+    evaluated once, by the evaluation after training (eval.json). Every evaluation's rows per
+    task go to evals.jsonl."""
     bootstrap_resamples: int = Field(2000, ge=100)
     """Resamples of the paired bootstrap interval of the success difference."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster.config import RunConfig
+from cluster.evaluation import EVALS_FILE
 from cluster.requirements import check_requirements
 from cluster.run_sync import RunSync
 from cluster.supervision import Supervisor, resume_replay
@@ -47,7 +48,7 @@ class NothingToResumeError(FileNotFoundError):
 
 
 RUN_STATE_FILES = ("state.json", "metrics.jsonl", "trained_groups.jsonl", "eval_before.json", "live.json",
-                   "live_sessions.jsonl")
+                   "live_sessions.jsonl", EVALS_FILE)
 """What a fresh start in a used run directory begins again (checkpoints stay on disk)."""
 
 
@@ -55,7 +56,9 @@ def prepare_run_dir(cfg: RunConfig, resume: bool = False,
                     say: Callable[[str], None] = print) -> tuple[Path, str]:
     """The run directory and run id; a resumed run keeps the id (its Redis keys use it). With
     ``cluster.storage`` a resumed run's files come from storage, a new run's go there."""
-    run_dir = (Path(cfg.output_dir) / cfg.name).resolve()
+    from storage.places import local_dir
+
+    run_dir = (local_dir(cfg.output_dir, "output_dir") / cfg.name).resolve()
     ident = run_dir / "run.json"
     sync = RunSync(cfg, run_dir)
     if resume:
@@ -105,8 +108,9 @@ def _train_loop(cfg: RunConfig, actors: Any, monitor: Any, heldout: list[Any], r
             metrics["time/generate_s"] = gen_s
         metrics["rollout/lost_groups"] = float(supervisor.revive.lost)
         metrics |= supervisor.rates(last)
-        if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
-            scores = _evaluate(actors, heldout, cfg)
+        # the last step's weights are evaluated once, after the loop (the final report)
+        if heldout and cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < cfg.train.steps:
+            scores = _evaluate(actors, heldout, cfg, record=(result.run_dir, step))
             metrics["eval/success"] = sum(scores.values()) / max(len(scores), 1)
             supervisor.mark(last)  # the next step's rates leave the evaluation out
         monitor.update(metrics)
@@ -214,9 +218,12 @@ def _run_stages(cfg: RunConfig, actors: Any, heldout: list[Any], result: RunResu
         actors.learner.interrupt()
         result.timings["train_s"] = time.time() - t_train
         result.checkpoint = _final_checkpoint(actors, on_stage)
+        if result.checkpoint is not None:  # a step the learner ended as the driver stopped counts
+            result.steps = actors.learner.get("get_step")
     if heldout and not result.interrupted:
         on_stage("[5/5] held-out evaluation after training")
-        result.eval = final_report(cfg, result.run_dir, before, _evaluate(actors, heldout, cfg, bar=True), on_stage)
+        after = _evaluate(actors, heldout, cfg, bar=True, record=(result.run_dir, result.steps))
+        result.eval = final_report(cfg, result.run_dir, before, after, on_stage)
 
 
 def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: Path,
@@ -229,7 +236,7 @@ def _evaluate_before(cfg: RunConfig, actors: Any, heldout: list[Any], run_dir: P
         on_stage("[3/5] held-out evaluation before training: from the run's start (eval_before.json)")
         return json.loads(saved.read_text())
     on_stage(f"[3/5] held-out evaluation before training ({len(heldout)} tasks)")
-    before = _evaluate(actors, heldout, cfg, bar=True)
+    before = _evaluate(actors, heldout, cfg, bar=True, record=(run_dir, 0))
     saved.write_text(json.dumps(before))
     RunSync(cfg, run_dir).push("eval_before.json")
     return before
@@ -250,11 +257,13 @@ def _final_checkpoint(actors: Any, on_stage: Callable[[str], None]) -> str | Non
     return path
 
 
-def _evaluate(actors: Any, tasks: list[Any], cfg: RunConfig, bar: bool = False) -> dict[str, float]:
+def _evaluate(actors: Any, tasks: list[Any], cfg: RunConfig, bar: bool = False,
+              record: tuple[Path, int] | None = None) -> dict[str, float]:
     """Held-out success per task; ``bar``: a progress bar when the run shows bars (not for
     the evaluations between steps, which would break the training bar). Once the engines
-    serve the learner's newest weights."""
+    serve the learner's newest weights. ``record``: (run dir, step) keeps the rows
+    (``cluster.evaluation.EVALS_FILE``)."""
     from cluster.evaluation import evaluate
 
     settle_weights(actors)
-    return evaluate(actors.rollouts, tasks, cfg.eval, show_progress=bar and cfg.progress == "bar")
+    return evaluate(actors.rollouts, tasks, cfg.eval, show_progress=bar and cfg.progress == "bar", record=record)

@@ -95,6 +95,7 @@ class Environment(ABC):
     """
 
     max_turns: int = 4
+    """Assistant turns the episode may take; read after ``reset``, which may set it per task."""
     chat_format: str = DEFAULT_FORMAT
     """The policy's chat format (``envs.formats``): how ``step`` parses the action's tool calls
     (``parse_action(action, self.chat_format)``). The rollout sets it on each new episode."""

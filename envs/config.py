@@ -35,6 +35,11 @@ class SearchQAConfig(BaseModel):
     ("Kavo Tulen works for"), and the answer is the retrieved passage's last name."""
     max_turns: int = Field(default=4, ge=1, le=64)
     """Assistant turns before the episode ends without an answer."""
+    extra_turns: int | None = Field(default=None, ge=1)
+    """Synthetic world only. None: every question may take ``max_turns`` turns. N: a question
+    of h hops may take h + N (one search per hop, the answer, N - 1 spare turns), so a 1-hop
+    question cannot wander as long as a 3-hop one; ``max_turns`` must then be at least
+    max(hops) + N."""
     num_train_tasks: int = Field(default=2000, ge=1)
     """Train tasks; once every train wording was used, they repeat in a new order."""
     num_heldout_tasks: int = Field(default=200, ge=0)
@@ -68,7 +73,7 @@ class SearchQAConfig(BaseModel):
             if sum(self.hop_weights) <= 0:
                 raise ValueError("hop_weights must not all be zero")
         if self.data is not None:
-            synthetic_only = ("passages", "max_train_pairs", "train_worlds")
+            synthetic_only = ("passages", "max_train_pairs", "train_worlds", "extra_turns")
             fields = type(self).model_fields
             set_here = [k for k in synthetic_only if getattr(self, k) != fields[k].default]
             if set_here:
@@ -81,7 +86,19 @@ class SearchQAConfig(BaseModel):
                 f"max_turns={self.max_turns} is too few for {max(self.hops)}-hop questions: "
                 f"set max_turns >= {max(self.hops) + 1} (one search per hop, then the answer)"
             )
+        if self.extra_turns is not None and self.max_turns < max(self.hops) + self.extra_turns:
+            raise ValueError(
+                f"extra_turns={self.extra_turns} gives {max(self.hops)}-hop questions "
+                f"{max(self.hops) + self.extra_turns} turns, more than max_turns={self.max_turns}: "
+                f"set max_turns >= {max(self.hops) + self.extra_turns}"
+            )
         return self
+
+    def turn_limit(self, hops: int | None) -> int:
+        """Assistant turns a question of ``hops`` hops may take (``extra_turns``)."""
+        if self.extra_turns is None or hops is None:
+            return self.max_turns
+        return hops + self.extra_turns
 
     def weights(self) -> list[float]:
         """Hop weights with the default (equal shares) filled in."""

@@ -42,7 +42,7 @@ from learner import lora
 from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
 from learner.ports import LearnerPorts, claim_batch
 from learner.run_files import keep_steps_through
-from learner.step_metrics import batch_metrics
+from learner.step_metrics import batch_metrics, signal_metrics
 from replay.base import Claim
 from replay.client import wait_claim
 from storage import RunStorage, node_copy
@@ -300,6 +300,7 @@ class LearnerWorker:
                 "loss/updates": float(len(self.update_metrics)),
                 "adv/mean": float(res.advantages[mask].mean()) if mask.any() else 0.0,
                 "adv/abs_mean": float(np.abs(res.advantages[mask]).mean()) if mask.any() else 0.0,
+                **signal_metrics(trajs, res.advantages, mask),
                 "time/advantages_s": t1 - t0, "time/old_logprobs_s": t2 - t1,
                 "tokens/trained": tb.num_tokens,
                 "tokens/rows": float(n_rows), "tokens/row_width": float(tb.input_ids.size(1))}

@@ -81,15 +81,18 @@ class SearchEnv(SyncEnvironment):
         self,
         corpus: SearchCorpus,
         top_k: int,
-        max_turns: int,
+        max_turns: int | Callable[[int | None], int],
         judge: Callable[[Task, str | None], bool],
         corpora: Mapping[int, SearchCorpus] | None = None,
     ) -> None:
+        """``max_turns``: the turn limit, or the limit for a question of a number of hops
+        (``SearchQAConfig.turn_limit``), read from the task at each ``reset``."""
         self.corpus = corpus
         self.corpora = corpora
         """World seed -> corpus, when tasks come from several worlds (``metadata["world_seed"]``)."""
         self.top_k = top_k
-        self.max_turns = max_turns
+        self.turn_limit = max_turns if callable(max_turns) else (lambda _hops: max_turns)
+        self.max_turns = self.turn_limit(None)
         self.judge = judge
         self.tools = {"search": SEARCH_TOOL}
         self.task: Task | None = None
@@ -100,6 +103,7 @@ class SearchEnv(SyncEnvironment):
     def start(self, task: Task) -> Observation:
         """Synchronous ``reset``: the anchor is the question text."""
         self.task, self.turn, self.done, self.seen = task, 0, False, set()
+        self.max_turns = self.turn_limit(task.metadata.get("hops"))
         if self.corpora is not None:
             seed = task.metadata.get("world_seed")
             if seed not in self.corpora:

@@ -124,28 +124,36 @@ def split_tasks(
 
     Held-out takes ``num_heldout`` paths (one wording each); train draws from every wording of
     the remaining paths, reshuffling and repeating only once all of them were used.
+
+    The first hop count draws from the split's own stream; each later one from a stream of its
+    own, so which paths a hop count holds out (the head of its shuffled pool) depends on the
+    seed and its own quota alone, not on how many train tasks an earlier hop count drew: a warm
+    start built with another ``num_train_tasks`` or ``max_train_pairs`` (``policy.sft.env``)
+    shuffles every pool alike, and holding out at least as many paths keeps the run's held-out
+    questions out of its demonstrations.
     """
     rng = random.Random(world.seed * 7919 + 1)  # a stream apart from the world's own
     heldout: list[tuple[Path, int]] = []
     train: list[tuple[Path, int]] = []
-    for h, n_held, n_train in zip(
+    for k, (h, n_held, n_train) in enumerate(zip(
         hops, quotas(num_heldout, weights), quotas(num_train, weights), strict=True
-    ):
+    )):
         pool = paths(world, h)
-        rng.shuffle(pool)
+        hop_rng = rng if k == 0 else random.Random((world.seed * 7919 + 1) * 31 + h)
+        hop_rng.shuffle(pool)
         if n_held >= len(pool):
             raise ValueError(
                 f"{h}-hop: {n_held} held-out tasks requested but the world has only "
                 f"{len(pool)} {h}-hop questions; raise num_entities or lower num_heldout_tasks"
             )
         heldout += [
-            (p, rng.randrange(len(RELATIONS[p.chain[-1]].questions))) for p in pool[:n_held]
+            (p, hop_rng.randrange(len(RELATIONS[p.chain[-1]].questions))) for p in pool[:n_held]
         ]
         kept = pool[n_held:] if max_train_pairs is None else pool[n_held : n_held + max_train_pairs]
         wordings = [(p, t) for p in kept for t in range(len(RELATIONS[p.chain[-1]].questions))]
         drawn: list[tuple[Path, int]] = []
         while len(drawn) < n_train:
-            rng.shuffle(wordings)
+            hop_rng.shuffle(wordings)
             drawn += wordings[: n_train - len(drawn)]
         train += drawn
     rng.shuffle(heldout)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from envs.base import SPLITS, Environment, SplitTaskSource, Task, TaskSource, replay_gold_calls
+from envs.base import SPLITS, Environment, SplitTaskSource, Task, TaskSource, normalize_answer, replay_gold_calls
 from envs.config import SearchQAConfig
 from envs.search_qa.env import SearchCorpus, SearchEnv
 from envs.search_qa.questions import SYSTEM_PROMPT, split_tasks
 from envs.search_qa.retrieval import BM25Retriever
 from envs.search_qa.world import World, build_world
+from envs.toolcalls import ToolCall
 
 
 class SearchTaskSource(SplitTaskSource):
@@ -34,7 +35,7 @@ class SearchTaskSource(SplitTaskSource):
         return self.make_search_env()
 
     def make_search_env(self) -> SearchEnv:
-        return SearchEnv(self.corpus, self.cfg.top_k, self.cfg.max_turns, judge=self.success,
+        return SearchEnv(self.corpus, self.cfg.top_k, self.cfg.turn_limit, judge=self.success,
                          corpora=self.corpora)
 
     def demonstration(self, task: Task) -> list[dict[str, Any]]:
@@ -47,6 +48,20 @@ class SearchTaskSource(SplitTaskSource):
 
     def provides(self) -> set[str]:
         return {"gold_answers", "gold_tool_calls", "anchor"}
+
+    def episode_metrics(self, task: Task, answer: str | None, calls: list[ToolCall],
+                        labels: list[float]) -> dict[str, float]:
+        """Adds ``searches`` (search calls made) and, on questions that name their path
+        (the synthetic world), ``query_names_entity``: the share of those searches whose query
+        names an entity the question leads through (its start or an intermediate), the
+        entity a hop has to look up."""
+        out = super().episode_metrics(task, answer, calls, labels)
+        queries = [normalize_answer(str(c.arguments.get("query", ""))) for c in calls if c.name == "search"]
+        out["searches"] = float(len(queries))
+        lookups = [normalize_answer(name) for name in task.metadata.get("path", [])[:-1]]
+        if queries and lookups:
+            out["query_names_entity"] = sum(any(e in q for e in lookups) for q in queries) / len(queries)
+        return out
 
 
 class SyntheticSearchQA(SearchTaskSource):

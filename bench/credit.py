@@ -1,0 +1,257 @@
+"""Does turn-level credit help? The comparison registered in docs/results/credit.md, run cell by
+cell and tabulated.
+
+A cell is one (method, seed): one ``turnrl train`` of ``configs/credit_search_qa.yaml`` (multi-hop
+search QA on SmolLM2-135M-Instruct, vLLM CPU engine) in its own run directory,
+``OUT/cells/<method>-s<seed>``. ``run`` skips the cells already done (``cell.json`` written once a
+cell's command ended well), so the matrix can be spread over sessions: run it, stop it, run it
+again. Each cell records the machine's load average, sampled while it ran, beside its wall time.
+``table`` reads every cell's held-out evaluations (``evals.jsonl``: per task, every 5 steps) and
+metrics and prints the registered statistics (``bench/credit_table.py``); ``calibrate`` measures
+the warm start's held-out success per hop count, which chose the task's hop mix.
+
+    python bench/credit.py run [--methods grpo,igpo,matchtir,gigpo,prm] [--seeds 0,1,2]
+                               [--out runs/credit] [--set KEY=VALUE ...] [--quick]
+    python bench/credit.py table [--out runs/credit]
+    python bench/credit.py calibrate [--set KEY=VALUE ...] [--quick]
+
+``--quick``: the tiny policy on a small world and the HF engine, a few steps (the test's
+two-cell matrix). Run the matrix itself on a quiet machine: nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIG = ROOT / "configs" / "credit_search_qa.yaml"
+METHODS: dict[str, tuple[str, ...]] = {
+    "grpo": ("learner.estimator.type=grpo",),
+    "igpo": ("learner.estimator.type=igpo", "rewards.ig={}"),
+    "matchtir": ("learner.estimator.type=matchtir", "rewards.match={}"),
+    "gigpo": ("learner.estimator.type=gigpo",),
+    "prm": ("learner.estimator.type=prm",),  # rewards.prm names the PRM ``prepare_prm`` trains
+}
+"""Each method's overrides; everything else (task, warm start, lr, batch) is the config's."""
+SEEDS = (0, 1, 2)
+QUICK = ["policy.path=builtin:tiny", "policy.tiny.hidden_size=64", "policy.tiny.num_layers=2",
+         "policy.tiny.num_heads=2", "policy.tiny.intermediate_size=128", "policy.tiny.vocab_size=600",
+         "policy.sft.steps=30", "policy.sft.num_demos=200", "policy.sft.guess_fraction=0.0",
+         "policy.sft.lr=1e-3", "policy.sft.env={}", "rollout.engine.type=hf", "rollout.engine.dtype=float32", "env.num_entities=80",
+         "env.num_train_tasks=300", "env.num_heldout_tasks=12", "env.max_train_pairs=null",
+         "rollout.group_size=2", "learner.batch_groups=2", "learner.lr=1e-3", "rollout.max_new_tokens=32",
+         "train.steps=2", "eval.every_steps=1", "eval.num_tasks=12", "learner.claim_timeout_s=240"]
+"""``--quick``: tiny policy, small world, two steps (tests/test_credit.py)."""
+QUICK_PRM = ["rewards.prm.train.num_tasks=8", "rewards.prm.train.heldout_tasks=0", "rewards.prm.train.epochs=1"]
+LOAD_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-s{self.seed}"
+
+
+def cells_dir(out: Path) -> Path:
+    return out / "cells"
+
+
+def is_done(run_dir: Path) -> bool:
+    """The cell's command ended well and left its result (an interrupted run is not done)."""
+    try:
+        info = json.loads((run_dir / "cell.json").read_text())
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("rc") == 0 and not result.get("interrupted", True)
+
+
+def cell_overrides(cell: Cell, args: argparse.Namespace) -> list[str]:
+    """Later overrides win: --quick, the method's, --set, then what makes the cell this cell."""
+    prm = [f"rewards.prm={{type: model, path: {prm_dir(args.out)}}}"] if cell.method == "prm" else []
+    return [*(QUICK if args.quick else []), *METHODS[cell.method], *prm, *args.overrides,
+            f"train.seed={cell.seed}", f"name={cell.name}", f"output_dir={cells_dir(args.out)}", "progress=none"]
+
+
+def prm_dir(out: Path) -> Path:
+    return out / "prm"
+
+
+class LoadSampler:
+    """The 1-minute load average every ``LOAD_EVERY_S`` seconds while a cell runs."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOAD_EVERY_S):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {"start": round(self.samples[0], 2), "mean": round(sum(self.samples) / len(self.samples), 2),
+                "max": round(max(self.samples), 2), "samples": len(self.samples)}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def run_logged(cmd: list[str], log: Path) -> tuple[int, float, dict[str, float]]:
+    """(exit code, wall seconds, load) of ``cmd``, its output into ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    load, t0 = LoadSampler(), time.time()
+    with log.open("w") as fh:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=_env()).returncode
+    return rc, time.time() - t0, load.stop()
+
+
+def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
+    overrides = cell_overrides(cell, args)
+    run_dir = cells_dir(args.out) / cell.name
+    cmd = [sys.executable, "-m", "cluster.cli", "train", str(args.config), *[a for o in overrides for a in ("--set", o)]]
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    rc, wall, load = run_logged(cmd, cells_dir(args.out) / f"{cell.name}.log")
+    info = {"method": cell.method, "seed": cell.seed, "rc": rc, "wall_s": round(wall, 1), "load": load,
+            "started": started, "commit": commit(), "config": str(args.config), "overrides": overrides}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "cell.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def prepare_prm(args: argparse.Namespace) -> None:
+    """The PRM the ``prm`` cells read: ``turnrl prm train`` on environment-labelled turns of the
+    warm start, once (kept in ``OUT/prm``)."""
+    out = prm_dir(args.out)
+    if (out / "turnrl_prm.json").exists():
+        return
+    overrides = [*(QUICK if args.quick else []), *args.overrides, f"rewards.prm={{type: model, path: {out}}}",
+                 *(QUICK_PRM if args.quick else [])]
+    print(f"preparing the PRM: turnrl prm train -> {out}", flush=True)
+    cmd = [sys.executable, "-m", "cluster.cli", "prm", "train", str(args.config),
+           *[a for o in overrides for a in ("--set", o)]]
+    rc, wall, load = run_logged(cmd, args.out / "prm.log")
+    if rc != 0:
+        raise SystemExit(f"turnrl prm train failed (exit {rc}); see {args.out / 'prm.log'}")
+    print(f"  PRM ready in {wall:.0f} s (load mean {load['mean']})", flush=True)
+
+
+def run_matrix(args: argparse.Namespace) -> int:
+    cells = [Cell(m, s) for s in args.seeds for m in args.methods]  # seed-major: comparable cells early
+    todo = [c for c in cells if not is_done(cells_dir(args.out) / c.name)]
+    print(f"{len(cells) - len(todo)} of {len(cells)} cells done; {len(todo)} to run", flush=True)
+    if any(c.method == "prm" for c in todo):
+        prepare_prm(args)
+    walls: list[float] = [_wall(cells_dir(args.out) / c.name) for c in cells if c not in todo]
+    failed = 0
+    for k, cell in enumerate(todo):
+        eta = f"; ETA {_minutes(sum(walls) / len(walls) * (len(todo) - k))}" if walls else ""
+        print(f"[{k + 1}/{len(todo)}] {cell.name} (load {os.getloadavg()[0]:.2f}{eta})", flush=True)
+        info = run_cell(cell, args)
+        walls.append(info["wall_s"])
+        failed += info["rc"] != 0
+        status = "done" if info["rc"] == 0 else f"FAILED (exit {info['rc']}, log {cells_dir(args.out) / cell.name}.log)"
+        print(f"  {status} in {_minutes(info['wall_s'])}, load mean {info['load']['mean']} max {info['load']['max']}",
+              flush=True)
+    return 1 if failed else 0
+
+
+def _wall(run_dir: Path) -> float:
+    return float(json.loads((run_dir / "cell.json").read_text())["wall_s"])
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled"), ("HF_HUB_OFFLINE", "1"),
+                       ("TOKENIZERS_PARALLELISM", "false"), ("DS_BUILD_OPS", "0")):
+        env.setdefault(key, value)
+    return env
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    """The warm start (built as ``turnrl train`` builds it) on the held-out questions: success
+    per hop count, the numbers the task's hop mix was chosen from."""
+    os.environ.update({k: v for k, v in _env().items() if k not in os.environ})
+    from cluster.config import load_config
+    from cluster.eval_cli import evaluate_checkpoint
+    from envs.registry import make_task_source
+    from learner.bootstrap import ensure_policy
+
+    cfg = load_config(str(args.config), [*(QUICK if args.quick else []), *args.overrides])
+    source = make_task_source(cfg.env)
+    policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=True,
+                           history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
+    t0 = time.time()
+    rows = evaluate_checkpoint(cfg, Path(policy), show_progress=True)
+    hops = {t.task_id: t.metadata.get("hops") for t in source.tasks("heldout")}
+    by_hop: dict[int, list[float]] = {}
+    for row in rows:
+        by_hop.setdefault(hops[row["task_id"]], []).append(row["success"])
+    report = {"overrides": args.overrides, "tasks": len(rows), "eval_s": round(time.time() - t0, 1),
+              "load": os.getloadavg()[0], "success": sum(r["success"] for r in rows) / len(rows),
+              "per_hop": {h: {"tasks": len(v), "success": sum(v) / len(v)} for h, v in sorted(by_hop.items())}}
+    print(json.dumps(report, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "calibration.jsonl").open("a") as fh:
+        fh.write(json.dumps(report) + "\n")
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("run", "table", "calibrate"))
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated, from " + ", ".join(METHODS))
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
+    ap.add_argument("--config", type=Path, default=CONFIG)
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "credit")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--quick", action="store_true", help="tiny policy, small world, two steps")
+    args = ap.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.action == "run":
+        return run_matrix(args)
+    if args.action == "calibrate":
+        return calibrate(args)
+    from bench.credit_table import report
+
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
