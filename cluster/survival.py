@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 SERVICE_RESTART_TIMEOUT_S = 120.0
 """How long a restarted replay host or weight sync may take to answer again."""
+WAITING_NOTE_S = 30.0
+"""How often a long wait for a restarted actor says so in the run's log."""
 
 
 class LearnerDied(RuntimeError):
@@ -58,20 +60,36 @@ def dead_callee(exc: BaseException, actors: Any) -> str | None:
     return actor_names(actors).get(cause.actor_id or "", f"actor {cause.actor_id}")
 
 
-def wait_restarted(actor: Any, timeout_s: float, method: str = "stats") -> None:
-    """Until ``actor`` answers ``method`` again: while Ray restarts it, calls fail at once
-    with ActorUnavailableError (no retries) or wait (``max_task_retries``)."""
+def wait_restarted(actor: Any, timeout_s: float, method: str = "stats",
+                   waiting: Callable[[float], None] | None = None) -> None:
+    """Until ``actor`` answers ``method`` again, at most ``timeout_s``: while Ray restarts it, a
+    call fails at once with ActorUnavailableError (then it is asked again) or waits for the
+    new process (a node with its resources may still be joining, and the process has to start:
+    the wait goes on with the same call). ``waiting(seconds so far)`` is called every
+    ``WAITING_NOTE_S`` meanwhile, so a long restart shows in the run's log."""
     import ray
 
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline, note = start + timeout_s, start + WAITING_NOTE_S
+    ref = None
     while True:
+        ref = getattr(actor, method).remote() if ref is None else ref
+        now = time.monotonic()
         try:
-            ray.get(getattr(actor, method).remote(), timeout=max(deadline - time.monotonic(), 0.1))
+            ray.get(ref, timeout=max(min(deadline, note) - now, 0.1))
             return
         except ray.exceptions.ActorUnavailableError:
-            if time.monotonic() > deadline:
-                raise
+            ref = None
             time.sleep(0.2)
+        except ray.exceptions.GetTimeoutError:
+            pass  # queued until the new process runs: keep waiting on it
+        now = time.monotonic()
+        if now >= deadline:
+            raise TimeoutError(f"not restarted within {timeout_s:.0f}s")
+        if now >= note:
+            note = now + WAITING_NOTE_S
+            if waiting is not None:
+                waiting(now - start)
 
 
 class Vigils:
@@ -122,8 +140,8 @@ class Vigils:
         try:
             wait_restarted(getattr(self.actors, service), SERVICE_RESTART_TIMEOUT_S,
                            "stats" if service == "replay" else "version")
-        except ray.exceptions.RayActorError as exc:
-            raise ComponentDied(f"{name} died ({cause}) and was not restarted ({type(exc).__name__})") from exc
+        except (ray.exceptions.RayActorError, TimeoutError) as exc:
+            raise ComponentDied(f"{name} died ({cause}) and was not restarted ({type(exc).__name__}: {exc})") from exc
         self._after(service, name, cause, time.monotonic() - t0)
         self.refs[self._start(service)] = service
 
@@ -296,7 +314,14 @@ class RolloutReviver:
         self.restarts[idx] += 1
         t0 = time.monotonic()
         lost = ray.get(self.actors.replay.release_producer.remote(producer_id(idx)))
-        wait_restarted(self.actors.rollouts[idx], self.cfg.rollout.restart_timeout_s)
+        limit = self.cfg.rollout.restart_timeout_s
+        try:
+            wait_restarted(self.actors.rollouts[idx], limit, waiting=lambda s: self.on_stage(
+                f"rollout worker {idx} died ({type(exc).__name__}): Ray is restarting it ({s:.0f}s so far, up to "
+                f"rollout.restart_timeout_s={limit:.0f}; a node with its resources may still be joining)"))
+        except TimeoutError as timeout:
+            raise RuntimeError(f"rollout worker {idx} died and was {timeout} (rollout.restart_timeout_s): no node "
+                               f"with its resources {self.cfg.rollout.resources or '{}'} took it back") from exc
         if self.refs:  # async: its generation loop; a sync step asks the actor again itself
             self.refs[idx] = self.actors.rollouts[idx].run.remote()
         after_restart(self.cfg, self.actors)

@@ -237,8 +237,11 @@ class RolloutConfig(BaseModel):
     max_restarts: int = Field(3, ge=0)
     """Times each rollout actor is restarted after its process dies (async runs); the groups
     it had in flight are lost and counted, their reservations given back."""
-    restart_timeout_s: float = Field(120.0, gt=0)
-    """Longest wait for a restarted rollout actor to answer before the run fails."""
+    restart_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for a restarted rollout actor to answer before the run fails. It covers a
+    node's replacement, not only a process's restart: when the node died, Ray starts the actor
+    again only once a node with its resources has joined (a KubeRay pod takes minutes; on a
+    busy machine the test's second raylet and the actor's start took over 120 s)."""
     resources: dict[str, float] = {}
     """Custom Ray resources each rollout actor reserves, e.g. ``{rollout_node: 1}``: rollout
     actors start only on nodes started with that resource (``ray start --resources``)."""
