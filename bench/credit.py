@@ -10,6 +10,7 @@ again. Each cell records the machine's load average, sampled while it ran, besid
 metrics and prints the registered statistics (``bench/credit_table.py``); ``calibrate`` measures
 the warm start's held-out success per hop count, which chose the task's hop mix.
 
+    python bench/credit.py tune [--out runs/credit]       # GRPO's lr x batch grid, first
     python bench/credit.py run [--methods grpo,igpo,matchtir,gigpo,prm] [--seeds 0,1,2]
                                [--out runs/credit] [--set KEY=VALUE ...] [--quick]
     python bench/credit.py table [--out runs/credit]
@@ -57,14 +58,24 @@ QUICK_PRM = ["rewards.prm.train.num_tasks=8", "rewards.prm.train.heldout_tasks=0
 LOAD_EVERY_S = 10.0
 
 
+TUNE_GRID = tuple((lr, groups) for lr in (1e-5, 3e-5) for groups in (2, 4))
+"""(learning rate, groups per step) tried on GRPO, seed 0, before the matrix (registration)."""
+TUNE_STEPS = (11, 20)
+"""The steps whose mean training success is the tuning criterion (the held-out set is not used)."""
+
+
 @dataclass(frozen=True)
 class Cell:
     method: str
     seed: int
+    tag: str = ""
+    """A tuning cell's settings in its name (``lr1e-05-b2``); empty for the matrix's cells."""
+    extra: tuple[str, ...] = ()
+    """Overrides only this cell has (a tuning cell's lr and batch)."""
 
     @property
     def name(self) -> str:
-        return f"{self.method}-s{self.seed}"
+        return f"{self.method}-{self.tag + '-' if self.tag else ''}s{self.seed}"
 
 
 def cells_dir(out: Path) -> Path:
@@ -84,7 +95,7 @@ def is_done(run_dir: Path) -> bool:
 def cell_overrides(cell: Cell, args: argparse.Namespace) -> list[str]:
     """Later overrides win: --quick, the method's, --set, then what makes the cell this cell."""
     prm = [f"rewards.prm={{type: model, path: {prm_dir(args.out)}}}"] if cell.method == "prm" else []
-    return [*(QUICK if args.quick else []), *METHODS[cell.method], *prm, *args.overrides,
+    return [*(QUICK if args.quick else []), *METHODS[cell.method], *prm, *args.overrides, *cell.extra,
             f"train.seed={cell.seed}", f"name={cell.name}", f"output_dir={cells_dir(args.out)}", "progress=none"]
 
 
@@ -134,7 +145,7 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "cluster.cli", "train", str(args.config), *[a for o in overrides for a in ("--set", o)]]
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     rc, wall, load = run_logged(cmd, cells_dir(args.out) / f"{cell.name}.log")
-    info = {"method": cell.method, "seed": cell.seed, "rc": rc, "wall_s": round(wall, 1), "load": load,
+    info = {"method": cell.method, "seed": cell.seed, "tag": cell.tag, "rc": rc, "wall_s": round(wall, 1), "load": load,
             "started": started, "commit": commit(), "config": str(args.config), "overrides": overrides}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "cell.json").write_text(json.dumps(info, indent=2))
@@ -158,8 +169,38 @@ def prepare_prm(args: argparse.Namespace) -> None:
     print(f"  PRM ready in {wall:.0f} s (load mean {load['mean']})", flush=True)
 
 
+def tuning_cells() -> list[Cell]:
+    """GRPO at seed 0 for each (lr, groups) of ``TUNE_GRID``, with no held-out evaluation."""
+    return [Cell("grpo", 0, f"lr{lr:g}-b{groups}", (f"learner.lr={lr}", f"learner.batch_groups={groups}",
+                                                   "eval.num_tasks=0"))
+            for lr, groups in TUNE_GRID]
+
+
+def tuning_report(out: Path) -> str:
+    """Each tuning cell's mean training success over ``TUNE_STEPS``, and the registered choice:
+    the best, ties within 0.02 going to the smaller batch."""
+    lo, hi = TUNE_STEPS
+    scores = {}
+    for cell in tuning_cells():
+        run_dir = cells_dir(out) / cell.name
+        if is_done(run_dir):
+            rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+            scores[cell] = sum(r["rollout/success_rate"] for r in rows[lo - 1:hi]) / len(rows[lo - 1:hi])
+    lines = [f"{c.tag}: mean training success, steps {lo}-{hi}: {v:.3f} ({_minutes(_wall(cells_dir(out) / c.name))})"
+             for c, v in scores.items()]
+    if len(scores) == len(TUNE_GRID):
+        best = max(scores.values())
+        choice = min((c for c, v in scores.items() if v >= best - 0.02), key=lambda c: (int(c.tag.split("-b")[1]),
+                                                                                        -scores[c]))
+        lines.append(f"chosen: {choice.tag} ({' '.join(choice.extra[:2])})")
+    else:
+        lines.append(f"{len(scores)} of {len(TUNE_GRID)} tuning cells done")
+    return "\n".join(lines)
+
+
 def run_matrix(args: argparse.Namespace) -> int:
-    cells = [Cell(m, s) for s in args.seeds for m in args.methods]  # seed-major: comparable cells early
+    cells = (tuning_cells() if args.action == "tune" else
+             [Cell(m, s) for s in args.seeds for m in args.methods])  # seed-major: comparable cells early
     todo = [c for c in cells if not is_done(cells_dir(args.out) / c.name)]
     print(f"{len(cells) - len(todo)} of {len(cells)} cells done; {len(todo)} to run", flush=True)
     if any(c.method == "prm" for c in todo):
@@ -225,7 +266,7 @@ def calibrate(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("action", choices=("run", "table", "calibrate"))
+    ap.add_argument("action", choices=("tune", "run", "table", "calibrate"))
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated, from " + ", ".join(METHODS))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
     ap.add_argument("--config", type=Path, default=CONFIG)
@@ -243,8 +284,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.action == "run":
-        return run_matrix(args)
+    if args.action in ("run", "tune"):
+        rc = run_matrix(args)
+        if args.action == "tune":
+            print(tuning_report(args.out))
+        return rc
     if args.action == "calibrate":
         return calibrate(args)
     from bench.credit_table import report

@@ -84,6 +84,8 @@ def load_cells(out: Path) -> list[CellResult]:
     found = []
     for run_dir in sorted(p for p in cells_dir(out).glob("*-s*") if p.is_dir() and is_done(p)):
         info = json.loads((run_dir / "cell.json").read_text())
+        if info.get("tag"):  # a tuning cell (``bench/credit.py tune``): not part of the comparison
+            continue
         evals: dict[int, dict[str, dict[str, Any]]] = {}
         for line in (run_dir / "evals.jsonl").read_text().splitlines():
             record = json.loads(line)

@@ -126,3 +126,26 @@ def test_a_two_cell_matrix_runs_resumes_and_tabulates(tmp_path) -> None:
     assert per_cell[0].startswith("method,seed,steps,success@0,success@last,auc,steps_to_gain,hop1")
     assert [line.split(",")[:3] for line in per_cell[1:]] == [["grpo", "0", "2"], ["matchtir", "0", "2"]]
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_the_tuning_choice_follows_the_registered_rule(tmp_path) -> None:
+    """Mean training success over steps 11-20 decides; within 0.02 of the best, the smaller batch."""
+    sys.path.insert(0, str(ROOT))
+    from bench.credit import cells_dir, tuning_cells, tuning_report
+
+    # steps 1-10 are not counted; 11-20 average to these
+    late = {"lr1e-05-b2": 0.30, "lr1e-05-b4": 0.31, "lr3e-05-b2": 0.20, "lr3e-05-b4": 0.45}
+    for cell in tuning_cells():
+        run_dir = cells_dir(tmp_path) / cell.name
+        run_dir.mkdir(parents=True)
+        (run_dir / "cell.json").write_text(json.dumps({"rc": 0, "wall_s": 60.0, "tag": cell.tag}))
+        (run_dir / "result.json").write_text(json.dumps({"interrupted": False}))
+        rows = [{"step": s, "rollout/success_rate": 0.9 if s <= 10 else late[cell.tag]} for s in range(1, 21)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = tuning_report(tmp_path)
+    assert "lr3e-05-b4: mean training success, steps 11-20: 0.450" in text
+    assert text.endswith("chosen: lr3e-05-b4 (learner.lr=3e-05 learner.batch_groups=4)")
+    late["lr3e-05-b2"] = 0.44  # within 0.02 of the best: the smaller batch wins
+    rows = [{"step": s, "rollout/success_rate": 0.44} for s in range(1, 21)]
+    (cells_dir(tmp_path) / "grpo-lr3e-05-b2-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert tuning_report(tmp_path).endswith("chosen: lr3e-05-b2 (learner.lr=3e-05 learner.batch_groups=2)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -304,7 +305,9 @@ def test_graceful_stop_writes_final_checkpoint_then_delete(stack: Stack, runs: d
         assert done["status"] == "stopped", client.logs(run_id, tail=60)
         assert done["result"]["interrupted"] is True  # the driver's KeyboardInterrupt path ran to the end
         assert done["checkpoints"] and done["checkpoints"][-1]["path"] == done["result"]["checkpoint"]
-        assert "stopped early" in client.logs(run_id, tail=20)
+        # one numbering: the step reported is the step the checkpoint holds
+        said = re.search(r"stopped early at step (\d+); checkpoint \S*step_(\d+)", client.logs(run_id, tail=20))
+        assert said and int(said[1]) == int(said[2]) == done["result"]["steps"], client.logs(run_id, tail=20)
         with pytest.raises(ServiceError) as err:
             client.stop(run_id)
         assert err.value.status == 409
