@@ -262,29 +262,17 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
 
     from learner.ports import ActorLearnerPorts
     from learner.worker import LearnerWorker
-    from replay.host import ACTOR_THREADS, ReplayHost
     from cluster.reward_service import start_reward_service, start_scorers
     from cluster.weight_sync import form_weight_group, run_adapter, start_weight_sync
     from rollout.engines.client import AdapterClient, RayEngineClient
-    from rollout.ports import ActorEnvPort, ActorPorts
-    from rollout.worker import RolloutWorker
     from cluster.telemetry import instrument
 
-    # Subclasses that add a Prometheus endpoint (cluster/telemetry.py); the workers stay plain.
-    Replay, Rollout, Learner = (instrument(ReplayHost, "replay"), instrument(RolloutWorker, "rollout"),
-                                instrument(LearnerWorker, "learner"))
+    # A subclass that adds a Prometheus endpoint (cluster/telemetry.py); the worker stays plain.
+    Learner = instrument(LearnerWorker, "learner")
     live_groups = cfg.train.live_groups(cfg.learner.batch_groups)
-    # Admission paces the producers by the scheduled share of each batch (live groups are
-    # put unscheduled and bounded on their own).
-    services = cfg.cluster.service_resources
-    # Threads: a learner waiting in claim_wait and each rollout worker's admission request
-    # waiting for room must not hold up the puts and acks that end their waits.
     made: list[Any] = []  # started so far (replay first): stopped again if a later start fails
     try:
-        replay = ray.remote(Replay).options(num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}",
-                                            resources=services, max_concurrency=ACTOR_THREADS + cfg.rollout.num_workers,
-                                            **service_restarts(cfg, replay_host=True)).remote(
-            cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
+        replay = _start_replay(cfg, run_dir, run_id, live_groups)
         made.append(replay)
         pool = None
         if cfg.rollout.pool is not None:  # a shared pool's engines, serving this run's adapter
@@ -305,14 +293,7 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
         made.append(weights)
         envs = start_env_hosts(cfg)
         made += envs
-        env_ports = [ActorEnvPort(h) for h in envs] or None
-        rollouts = [
-            ray.remote(Rollout).options(num_cpus=cfg.rollout.num_cpus, resources=cfg.rollout.resources,
-                                        max_concurrency=256, max_restarts=cfg.rollout.max_restarts,
-                                        max_task_retries=0).remote(
-                i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward, producer_id(i)), env_ports)
-            for i in range(cfg.rollout.num_workers)
-        ]
+        rollouts = _start_rollouts(cfg, client, replay, reward, envs)
         made += rollouts
     except BaseException:
         _stop_started(made)
@@ -449,6 +430,39 @@ def _node_of(_actor: Any) -> dict[str, str]:
 
     return {"node_id": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address(),
             "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0))}
+
+
+def _start_replay(cfg: RunConfig, run_dir: str, run_id: str, live_groups: int) -> Any:
+    """The run's replay host. Admission paces the producers by the scheduled share of each
+    batch (live groups are put unscheduled and bounded on their own). Threads: a learner
+    waiting in claim_wait and each rollout worker's admission request waiting for room must
+    not hold up the puts and acks that end their waits."""
+    import ray
+
+    from cluster.telemetry import instrument
+    from replay.host import ACTOR_THREADS, ReplayHost
+
+    return ray.remote(instrument(ReplayHost, "replay")).options(
+        num_cpus=cfg.cluster.replay_num_cpus, name=f"replay-{run_id}", resources=cfg.cluster.service_resources,
+        max_concurrency=ACTOR_THREADS + cfg.rollout.num_workers, **service_restarts(cfg, replay_host=True)).remote(
+        cfg.replay, cfg.learner.batch_groups - live_groups, run_dir, run_id)
+
+
+def _start_rollouts(cfg: RunConfig, client: Any, replay: Any, reward: Any, envs: list[Any]) -> list[Any]:
+    """The run's rollout actors, each with its producer name in replay's reservation ledger."""
+    import ray
+
+    from cluster.telemetry import instrument
+    from rollout.ports import ActorEnvPort, ActorPorts
+    from rollout.worker import RolloutWorker
+
+    env_ports = [ActorEnvPort(h) for h in envs] or None
+    actor = ray.remote(instrument(RolloutWorker, "rollout")).options(
+        num_cpus=cfg.rollout.num_cpus, resources=cfg.rollout.resources, max_concurrency=256,
+        max_restarts=cfg.rollout.max_restarts, max_task_retries=0)
+    return [actor.remote(i, cfg.rollout, cfg.env, client, cfg.train.seed, ActorPorts(replay, reward, producer_id(i)),
+                         env_ports)
+            for i in range(cfg.rollout.num_workers)]
 
 
 def _stop_started(made: list[Any]) -> None:
