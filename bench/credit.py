@@ -50,9 +50,9 @@ QUICK = ["policy.path=builtin:tiny", "policy.tiny.hidden_size=64", "policy.tiny.
          "policy.tiny.num_heads=2", "policy.tiny.intermediate_size=128", "policy.tiny.vocab_size=600",
          "policy.sft.steps=30", "policy.sft.num_demos=200", "policy.sft.guess_fraction=0.0",
          "policy.sft.lr=1e-3", "policy.sft.env={}", "rollout.engine.type=hf", "rollout.engine.dtype=float32", "env.num_entities=80",
-         "env.num_train_tasks=300", "env.num_heldout_tasks=12", "env.max_train_pairs=null",
+         "env.num_train_tasks=300", "env.num_heldout_tasks=6", "env.max_train_pairs=null",
          "rollout.group_size=2", "learner.batch_groups=2", "learner.lr=1e-3", "rollout.max_new_tokens=32",
-         "train.steps=2", "eval.every_steps=1", "eval.num_tasks=12", "learner.claim_timeout_s=240"]
+         "train.steps=2", "eval.every_steps=1", "eval.num_tasks=6", "learner.claim_timeout_s=240"]
 """``--quick``: tiny policy, small world, two steps (tests/test_credit.py)."""
 QUICK_PRM = ["rewards.prm.train.num_tasks=8", "rewards.prm.train.heldout_tasks=0", "rewards.prm.train.epochs=1"]
 LOAD_EVERY_S = 10.0

@@ -35,7 +35,7 @@ class SearchQAConfig(BaseModel):
     ("Kavo Tulen works for"), and the answer is the retrieved passage's last name."""
     max_turns: int = Field(default=4, ge=1, le=64)
     """Assistant turns before the episode ends without an answer."""
-    extra_turns: int | None = Field(default=None, ge=1)
+    extra_turns: int | None = Field(default=None, ge=1, le=63)
     """Synthetic world only. None: every question may take ``max_turns`` turns. N: a question
     of h hops may take h + N (one search per hop, the answer, N - 1 spare turns), so a 1-hop
     question cannot wander as long as a 3-hop one; ``max_turns`` must then be at least

@@ -54,6 +54,7 @@ def init_distributed(device: torch.device, dist: DistSpec | None = None) -> None
     """Join the learner's process group (alone on a free port when ``dist`` is None)."""
     import deepspeed
 
+    picked = dist is None and "MASTER_PORT" not in os.environ  # ours to pick again
     if dist is None:
         defaults = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
                     "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
@@ -62,10 +63,24 @@ def init_distributed(device: torch.device, dist: DistSpec | None = None) -> None
     else:
         os.environ.update({"MASTER_ADDR": dist.master_addr, "MASTER_PORT": str(dist.master_port),
                            "RANK": str(dist.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(dist.world_size)})
-    if not torch.distributed.is_initialized():
-        if device.type == "cpu" and os.environ["WORLD_SIZE"] == "1":
-            _skip_shm_comm()
-        deepspeed.init_distributed("nccl" if device.type == "cuda" else "gloo")
+    if torch.distributed.is_initialized():
+        return
+    if device.type == "cpu" and os.environ["WORLD_SIZE"] == "1":
+        _skip_shm_comm()
+    for attempt in range(PORT_TRIES):
+        try:
+            deepspeed.init_distributed("nccl" if device.type == "cuda" else "gloo")
+            return
+        except torch.distributed.DistNetworkError as exc:
+            # A port free when picked can be taken before the store binds it (another process
+            # on a busy machine): a lone rank picks again; ranks told their port cannot.
+            if not picked or "EADDRINUSE" not in str(exc) or attempt == PORT_TRIES - 1:
+                raise
+            os.environ["MASTER_PORT"] = str(free_port())
+
+
+PORT_TRIES = 5
+"""Ports a lone learner rank tries for its process group's store before giving up."""
 
 
 def leave_distributed() -> None:

@@ -99,7 +99,7 @@ FREE: dict[str, str] = {
         "LoRAConfig.alpha", "LoRAConfig.dropout")},
     **{f: _BOUNDED for f in (
         "SearchQAConfig.num_entities", "SearchQAConfig.hops", "SearchQAConfig.top_k", "SearchQAConfig.max_turns",
-        "SearchQAConfig.train_worlds", "ToolUseConfig.min_calls", "ToolUseConfig.max_calls",
+        "SearchQAConfig.train_worlds", "SearchQAConfig.extra_turns", "ToolUseConfig.min_calls", "ToolUseConfig.max_calls",
         "ToolUseConfig.max_turns", "ToolUseConfig.tool_timeout_s", "ToolUseConfig.tool_memory_mb",
         "HouseholdConfig.max_turns", "HouseholdConfig.other_rooms", "LiveConfig.port", "JudgeConfig.retries",
         "BfclConfig.max_turns", "BfclConfig.max_steps_per_turn", "BfclConfig.tool_timeout_s",

@@ -112,7 +112,7 @@ def test_a_two_cell_matrix_runs_resumes_and_tabulates(tmp_path) -> None:
         assert info["rc"] == 0 and info["load"]["samples"] >= 1 and info["load"]["mean"] >= 0
         evals = [json.loads(x) for x in (tmp_path / "cells" / name / "evals.jsonl").read_text().splitlines()]
         assert [e["step"] for e in evals] == [0, 1, 2]  # before, every step, the last once (after)
-        assert all(len(e["rows"]) == 12 and {"searches", "tool_calls"} <= set(e["rows"][0]["metrics"]) for e in evals)
+        assert all(len(e["rows"]) == 6 and {"searches", "tool_calls"} <= set(e["rows"][0]["metrics"]) for e in evals)
         rows = [json.loads(x) for x in (tmp_path / "cells" / name / "metrics.jsonl").read_text().splitlines()]
         assert all(0.0 <= r["groups/no_outcome_signal"] <= 1.0 and 0.0 <= r["groups/no_signal"] <= 1.0 for r in rows)
     again = _credit("run", "--methods", "grpo,matchtir", "--seeds", "0", out=tmp_path)

@@ -139,7 +139,8 @@ def test_observations_anchors_labels_and_retrieved_ids():
     assert not r1.done and not r1.invalid_action and r1.reward == 0.0
     assert r1.observation.messages[0]["role"] == "tool"
     assert r1.observation.anchor == r1.observation.messages[0]["content"]
-    assert len(r1.observation.anchor.split("\n")) == 2  # top_k = 2 documents, one per line
+    # one line per retrieved document, at most top_k = 2 (BM25 returns only documents that match)
+    assert 1 <= len(r1.observation.anchor.split("\n")) == len(r1.info["retrieved"]) <= 2
     assert r1.info["retrieved"][0] == task.metadata["supporting_docs"][0]
     assert (r1.info["label"], r2.info["label"]) == (1, 0)  # nothing new the second time
 

@@ -210,6 +210,34 @@ def test_a_lone_cpu_rank_builds_no_shared_memory_comm_op(tmp_path) -> None:
     assert not any(tmp_path.iterdir())  # nothing was compiled
 
 
+def test_a_lone_rank_whose_picked_port_was_taken_picks_another(tmp_path) -> None:
+    # The port picked free was taken by another process before the store bound it (seen in
+    # make test: EADDRINUSE in a learner's constructor): here the picker's first port is one
+    # this test listens on, as that other process would.
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        script = ("import os, torch, learner.deepspeed_setup as d\n"
+                  f"ports, real = iter([{port}]), d.free_port\n"
+                  "d.free_port = lambda host='127.0.0.1': next(ports, None) or real(host)\n"
+                  "d.init_distributed(torch.device('cpu'))\n"
+                  "t = torch.ones(2); torch.distributed.all_reduce(t)\n"
+                  "print(os.environ['MASTER_PORT'], t.tolist())\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_BUILD_OPS": "0"},
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    master_port, reduced = out.stdout.splitlines()[-1].split(" ", 1)
+    assert int(master_port) != port and reduced == "[1.0, 1.0]"
+
+
 def test_turns_a_grammar_constrained_stay_out_of_the_loss_unless_asked(tiny_policy, tmp_path) -> None:
     # A live session of two turns, the second sampled under tool_choice=required (its recorded
     # log-probs are the masked distribution's): only the first is trained, and both with

@@ -221,33 +221,33 @@ def test_a_re_sent_acknowledgement_runs_once(tmp_path) -> None:
     assert (s.trained, s.version, s.claimed) == (1, 1, 0)
 
 
-@pytest.mark.parametrize("restart_s, limit_s, back", [(4.0, 60.0, True), (30.0, 3.0, False)])
-def test_a_restart_is_waited_for_as_long_as_the_limit_with_notes(ray_cluster, restart_s, limit_s, back) -> None:
+def test_a_restart_is_waited_for_as_long_as_the_limit_with_notes(ray_cluster) -> None:
     """The wait for a restarted actor sees its first call queued until the new process runs
     (not an error), notes the wait in the log every WAITING_NOTE_S, and gives up only past the
-    limit (rollout.restart_timeout_s), as TimeoutError."""
+    limit (rollout.restart_timeout_s), as TimeoutError: here a 2 s limit gives up on a restart
+    that takes 6 s, and a second wait of 60 s sees it back."""
     import time
 
     from cluster import survival
     from cluster.survival import wait_restarted
 
     class SlowToRestart:  # defined here: Ray ships it by value (a test module is no import path)
-        """Starts at once the first time; a restarted process takes ``restart_s`` to construct
-        (a node still joining, a busy machine)."""
+        """Starts at once the first time; a restarted process takes 6 s to construct (a node
+        still joining, a busy machine)."""
 
-        def __init__(self, restart_s: float) -> None:
+        def __init__(self) -> None:
             import time
 
             import ray
 
             if ray.get_runtime_context().was_current_actor_reconstructed:
-                time.sleep(restart_s)
+                time.sleep(6.0)
 
         def stats(self) -> int:
             return 1
 
     ray = ray_cluster
-    slow = ray.remote(SlowToRestart).options(num_cpus=0, max_restarts=1).remote(restart_s)
+    slow = ray.remote(SlowToRestart).options(num_cpus=0, max_restarts=1).remote()
     assert ray.get(slow.stats.remote()) == 1
     t0 = time.monotonic()
     ray.kill(slow, no_restart=False)
@@ -260,14 +260,13 @@ def test_a_restart_is_waited_for_as_long_as_the_limit_with_notes(ray_cluster, re
     notes: list[float] = []
     old, survival.WAITING_NOTE_S = survival.WAITING_NOTE_S, 1.0
     try:
-        if back:
-            wait_restarted(slow, limit_s, waiting=notes.append)
-            assert restart_s - 1 <= time.monotonic() - t0 < limit_s and ray.get(slow.stats.remote()) == 1
-        else:
-            with pytest.raises(TimeoutError, match=f"not restarted within {limit_s:.0f}s"):
-                wait_restarted(slow, limit_s, waiting=notes.append)
-            assert limit_s <= time.monotonic() - t0 < limit_s + 5
+        t1 = time.monotonic()
+        with pytest.raises(TimeoutError, match="not restarted within 2s"):
+            wait_restarted(slow, 2.0, waiting=notes.append)
+        assert 2.0 <= time.monotonic() - t1 < 6.0 and notes
+        wait_restarted(slow, 60.0, waiting=notes.append)
+        assert 5.0 <= time.monotonic() - t0 < 60.0 and ray.get(slow.stats.remote()) == 1
     finally:
         survival.WAITING_NOTE_S = old
         ray.kill(slow)
-    assert notes and all(b > a for a, b in zip(notes, notes[1:]))  # one note a second, in order
+    assert len(notes) >= 3  # one a second while it waited, across both waits
