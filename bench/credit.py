@@ -16,7 +16,7 @@ the warm start's held-out success per hop count, which chose the task's hop mix.
     python bench/credit.py table [--out runs/credit]
     python bench/credit.py calibrate [--set KEY=VALUE ...] [--quick]
 
-``--quick``: the tiny policy on a small world and the HF engine, a few steps (the test's
+``--quick``: the tiny policy on a small world and the HF engine, one step (the test's
 two-cell matrix). Run the matrix itself on a quiet machine: nothing else running.
 """
 
@@ -52,8 +52,8 @@ QUICK = ["policy.path=builtin:tiny", "policy.tiny.hidden_size=64", "policy.tiny.
          "policy.sft.lr=1e-3", "policy.sft.env={}", "rollout.engine.type=hf", "rollout.engine.dtype=float32", "env.num_entities=80",
          "env.num_train_tasks=300", "env.num_heldout_tasks=6", "env.max_train_pairs=null",
          "rollout.group_size=2", "learner.batch_groups=2", "learner.lr=1e-3", "rollout.max_new_tokens=32",
-         "train.steps=2", "eval.every_steps=1", "eval.num_tasks=6", "learner.claim_timeout_s=240"]
-"""``--quick``: tiny policy, small world, two steps (tests/test_credit.py)."""
+         "train.steps=1", "eval.every_steps=0", "eval.num_tasks=6", "learner.claim_timeout_s=240"]
+"""``--quick``: tiny policy, small world, one step (tests/test_credit.py)."""
 QUICK_PRM = ["rewards.prm.train.num_tasks=8", "rewards.prm.train.heldout_tasks=0", "rewards.prm.train.epochs=1"]
 LOAD_EVERY_S = 10.0
 
@@ -272,7 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "credit")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--quick", action="store_true", help="tiny policy, small world, two steps")
+    ap.add_argument("--quick", action="store_true", help="tiny policy, small world, one step")
     args = ap.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in args.methods if m not in METHODS]
