@@ -189,24 +189,30 @@ def test_a_mixed_batch_gives_groups_their_estimator_and_sessions_the_running_bas
     assert mask.all() and worker.live_state["outcome"].n == 1
 
 
-def test_a_lone_cpu_rank_builds_no_shared_memory_comm_op(tmp_path) -> None:
-    # DeepSpeed would compile its shared-memory all-reduce (~40 s on a fresh machine) for a
-    # rank that has no peer; the group still comes up (gloo) and reduces.
+def _lone_rank(script: str, tmp_path) -> str:
+    """The last line ``script`` prints, run as a fresh process with no process-group settings
+    in its environment (a lone learner rank's), its torch extensions built under ``tmp_path``."""
     import os
     import subprocess
     import sys
 
-    script = ("import torch, deepspeed.ops\n"
-              "from learner.deepspeed_setup import init_distributed\n"
-              "init_distributed(torch.device('cpu'))\n"
-              "t = torch.ones(3); torch.distributed.all_reduce(t)\n"
-              "print(deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'], t.tolist())\n")
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_BUILD_OPS": "0"},
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.splitlines()[-1] == "False [1.0, 1.0, 1.0]"
+    return out.stdout.splitlines()[-1]
+
+
+def test_a_lone_cpu_rank_builds_no_shared_memory_comm_op(tmp_path) -> None:
+    # DeepSpeed would compile its shared-memory all-reduce (~40 s on a fresh machine) for a
+    # rank that has no peer; the group still comes up (gloo) and reduces.
+    script = ("import torch, deepspeed.ops\n"
+              "from learner.deepspeed_setup import init_distributed\n"
+              "init_distributed(torch.device('cpu'))\n"
+              "t = torch.ones(3); torch.distributed.all_reduce(t)\n"
+              "print(deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'], t.tolist())\n")
+    assert _lone_rank(script, tmp_path) == "False [1.0, 1.0, 1.0]"
     assert not any(tmp_path.iterdir())  # nothing was compiled
 
 
@@ -214,10 +220,7 @@ def test_a_lone_rank_whose_picked_port_was_taken_picks_another(tmp_path) -> None
     # The port picked free was taken by another process before the store bound it (seen in
     # make test: EADDRINUSE in a learner's constructor): here the picker's first port is one
     # this test listens on, as that other process would.
-    import os
     import socket
-    import subprocess
-    import sys
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -229,12 +232,7 @@ def test_a_lone_rank_whose_picked_port_was_taken_picks_another(tmp_path) -> None
                   "d.init_distributed(torch.device('cpu'))\n"
                   "t = torch.ones(2); torch.distributed.all_reduce(t)\n"
                   "print(os.environ['MASTER_PORT'], t.tolist())\n")
-        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_BUILD_OPS": "0"},
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert out.returncode == 0, out.stderr[-2000:]
-    master_port, reduced = out.stdout.splitlines()[-1].split(" ", 1)
+        master_port, reduced = _lone_rank(script, tmp_path).split(" ", 1)
     assert int(master_port) != port and reduced == "[1.0, 1.0]"
 
 
