@@ -180,18 +180,18 @@ def tuning_report(out: Path) -> str:
     """Each tuning cell's mean training success over ``TUNE_STEPS``, and the registered choice:
     the best, ties within 0.02 going to the smaller batch."""
     lo, hi = TUNE_STEPS
-    scores = {}
-    for cell in tuning_cells():
+    scores, groups = {}, {}
+    for (_, batch), cell in zip(TUNE_GRID, tuning_cells()):
         run_dir = cells_dir(out) / cell.name
         if is_done(run_dir):
             rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
             scores[cell] = sum(r["rollout/success_rate"] for r in rows[lo - 1:hi]) / len(rows[lo - 1:hi])
+            groups[cell] = batch
     lines = [f"{c.tag}: mean training success, steps {lo}-{hi}: {v:.3f} ({_minutes(_wall(cells_dir(out) / c.name))})"
              for c, v in scores.items()]
     if len(scores) == len(TUNE_GRID):
         best = max(scores.values())
-        choice = min((c for c, v in scores.items() if v >= best - 0.02), key=lambda c: (int(c.tag.split("-b")[1]),
-                                                                                        -scores[c]))
+        choice = min((c for c, v in scores.items() if v >= best - 0.02), key=lambda c: (groups[c], -scores[c]))
         lines.append(f"chosen: {choice.tag} ({' '.join(choice.extra[:2])})")
     else:
         lines.append(f"{len(scores)} of {len(TUNE_GRID)} tuning cells done")

@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cluster.paired_bootstrap import hierarchical_bootstrap, paired_bootstrap, sign_test  # noqa: E402
+from cluster.paired_bootstrap import bootstrap_mean_ci, hierarchical_bootstrap, sign_test  # noqa: E402
 
 BASELINE = "grpo"
 GAIN = 0.15
@@ -139,10 +139,7 @@ def compare(cells: list[CellResult], method: str, measure: str) -> Comparison | 
             diffs[cell.seed] = np.array([mine[t] - base[cell.seed][t] for t in tasks])
     if not diffs:
         return None
-    per_seed = {}
-    for seed, d in diffs.items():
-        paired = paired_bootstrap(np.zeros_like(d), d, RESAMPLES, seed=seed)
-        per_seed[seed] = (paired.diff, paired.low, paired.high)
+    per_seed = {seed: (float(d.mean()), *bootstrap_mean_ci(d, RESAMPLES, seed=seed)) for seed, d in diffs.items()}
     pooled = hierarchical_bootstrap(list(diffs.values()), RESAMPLES)
     return Comparison(method, measure, per_seed, pooled, sign_test([v[0] for v in per_seed.values()]))
 

@@ -190,11 +190,7 @@ class RunActors:
             except Exception as exc:  # noqa: BLE001 - the pool's watch detaches a run whose sync is gone
                 _log.warning("detaching run %s from its engine pool failed: %s", self.run_id, exc)
         self.learner.release()
-        try:
-            ray.get(self.replay.close.remote(), timeout=30)
-        except Exception as exc:  # noqa: BLE001 - a dead or stuck host: killing it is all that is left
-            _log.warning("replay host did not close cleanly: %s", exc)
-        ray.kill(self.replay)
+        _close_replay(self.replay)
 
 
 def start_env_hosts(cfg: RunConfig) -> list[Any]:
@@ -467,17 +463,24 @@ def _start_rollouts(cfg: RunConfig, client: Any, replay: Any, reward: Any, envs:
 
 def _stop_started(made: list[Any]) -> None:
     """What ``start_actors`` started before a later start failed: the rest killed, replay
-    (``made[0]``) closed first where it answers, as ``RunActors.release`` does."""
+    (``made[0]``) closed last, as ``RunActors.release`` does."""
     import ray
 
     for actor in reversed(made[1:]):
         ray.kill(actor)
     if made:
-        try:
-            ray.get(made[0].close.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - it failed to start, or is stuck: killing it is all that is left
-            pass
-        ray.kill(made[0])
+        _close_replay(made[0])
+
+
+def _close_replay(replay: Any) -> None:
+    """Close the replay host (an embedded redis-server gets its clean shutdown), then kill it."""
+    import ray
+
+    try:
+        ray.get(replay.close.remote(), timeout=30)
+    except Exception as exc:  # noqa: BLE001 - a dead, stuck or never started host: killing it is all that is left
+        _log.warning("replay host did not close cleanly: %s", exc)
+    ray.kill(replay)
 
 
 def pin(actors: list[Any], cores: list[int] | None, key: str) -> None:

@@ -165,11 +165,12 @@ def local_dir(value: str | Path, field: str, base: Path | None = None) -> Path:
     ``base``; any other URL is refused naming ``field`` (runs write these folders on their
     node's disk; ``cluster.storage`` is where a run's files go to remote storage), so a URL
     never becomes a folder named after it."""
+    base = Path.cwd() if base is None else base
     place = classify(str(value), base)
     if place.kind == "url":
         raise PlaceError(f"{field}: {str(value)!r} is a URL, but runs write {field} to a local directory; "
                          "give a path (cluster.storage puts a run's files in remote storage)")
-    return place.path if place.path is not None else _resolve(str(value), Path.cwd() if base is None else base)
+    return place.path if place.path is not None else _resolve(str(value), base)  # a hub-shaped name: a folder
 
 
 def local_model(value: str | Path, field: str = "model path") -> str:

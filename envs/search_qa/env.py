@@ -81,18 +81,18 @@ class SearchEnv(SyncEnvironment):
         self,
         corpus: SearchCorpus,
         top_k: int,
-        max_turns: int | Callable[[int | None], int],
+        turn_limit: Callable[[int | None], int],
         judge: Callable[[Task, str | None], bool],
         corpora: Mapping[int, SearchCorpus] | None = None,
     ) -> None:
-        """``max_turns``: the turn limit, or the limit for a question of a number of hops
+        """``turn_limit``: the turn limit of a question of a number of hops (None: unknown)
         (``SearchQAConfig.turn_limit``), read from the task at each ``reset``."""
         self.corpus = corpus
         self.corpora = corpora
         """World seed -> corpus, when tasks come from several worlds (``metadata["world_seed"]``)."""
         self.top_k = top_k
-        self.turn_limit = max_turns if callable(max_turns) else (lambda _hops: max_turns)
-        self.max_turns = self.turn_limit(None)
+        self.turn_limit = turn_limit
+        self.max_turns = turn_limit(None)
         self.judge = judge
         self.tools = {"search": SEARCH_TOOL}
         self.task: Task | None = None
