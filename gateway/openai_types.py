@@ -1,11 +1,12 @@
 """OpenAI chat-completions wire format: the request the gateway accepts and the responses it sends.
 
 Requests are strict: a field this server does not implement is a 400 naming it, never a silent
-ignore. A few OpenAI parameters are accepted only at their neutral value, where accepting them
-changes nothing (``presence_penalty: 0``, ``frequency_penalty: 0``, ``parallel_tool_calls:
-true``); assistant messages a client echoes back from our own responses may carry the null
-fields the SDK keeps (``refusal``, ``function_call``, ``audio``, ``annotations``). Parameters
-that need constrained decoding (``tool_choice`` required or named, ``strict`` tools, JSON
+ignore. Every field OpenAI documents is implemented, accepted with a stated meaning that changes
+nothing served or trained (``service_tier``, ``prompt_cache_key``, ``safety_identifier``,
+``metadata`` ...: ``NO_EFFECT``), or refused with the reason (``REFUSED``); docs/live.md has the
+table. Assistant messages a client echoes back from our own responses may carry the null fields
+the SDK keeps (``refusal``, ``function_call``, ``audio``, ``annotations``). Parameters that need
+constrained decoding (``tool_choice`` required or named, ``strict`` tools, JSON
 ``response_format``) parse here; the service checks the engine can (``gateway.constraints``).
 
 Responses serialise the way OpenAI's do (nulls where OpenAI sends nulls, absent where it omits
@@ -21,14 +22,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 from gateway.errors import InvalidRequest, from_validation
 from rollout.engines.base import SEED_RANGE
 
-# OpenAI parameters this endpoint knows but does not implement: named in the 400 as unsupported
-# rather than unknown, so a client learns the server read the name.
-UNSUPPORTED_PARAMS = frozenset({
-    "audio", "function_call", "functions", "logit_bias", "modalities", "prediction",
-    "prompt_cache_key", "reasoning_effort", "safety_identifier", "service_tier",
-    "verbosity", "web_search_options", "prompt_cache_retention",
-})
+# OpenAI parameters this endpoint knows but refuses, and why: named in the 400 as unsupported
+# rather than unknown, so a client learns the server read the name and what to do instead.
+REFUSED = {
+    "audio": "audio output needs an audio model; this server serves a text policy",
+    "functions": "the deprecated functions API is not served; send tools instead",
+    "function_call": "the deprecated functions API is not served; send tool_choice instead",
+    "web_search_options": "this server runs no web search; give the model a search tool instead",
+    "moderation": "this server runs no moderation model; moderate before or after calling it",
+}
+NO_EFFECT = ("service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+             "safety_identifier", "metadata", "verbosity", "prediction", "user")
+"""Accepted fields that change nothing served or trained (each one's meaning is in its field's
+docstring). ``user`` also keys the session when no ``X-Session-Id`` header does."""
 MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 class _Strict(BaseModel):
@@ -36,11 +45,24 @@ class _Strict(BaseModel):
 
 
 # -- request --------------------------------------------------------------------------------
+class PromptCacheBreakpoint(_Strict):
+    ttl: Literal["30m"] | None = None
+
+
 class TextPart(_Strict):
     """A text content part (the only part type a text model can take)."""
 
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
+    """No effect: the engines' prefix cache needs no breakpoints."""
+
+
+class PromptCacheOptions(_Strict):
+    """OpenAI's prompt-cache options, accepted with no effect."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
 
 
 class FunctionCall(_Strict):
@@ -59,8 +81,12 @@ class Message(_Strict):
     """One request message. Per-role rules are checked after parsing so an error names the
     message's own field (``messages.2.tool_call_id``)."""
 
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["developer", "system", "user", "assistant", "tool"]
+    """``developer`` is rendered as ``system`` (OpenAI's newer name for it)."""
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    """The participant's name: kept in the recorded message and passed to the chat template,
+    which shows it where its format has a place for one (the built-in formats have none)."""
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
@@ -110,6 +136,15 @@ class Tool(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None
+    """No effect: chunks carry no obfuscation padding (it guards OpenAI's side channels)."""
+
+
+class Prediction(_Strict):
+    """OpenAI's predicted output (``prediction``), accepted with no effect."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
 
 
 class NamedFunction(_Strict):
@@ -162,18 +197,48 @@ class ChatCompletionRequest(_Strict):
     stop: str | list[str] | None = Field(None, max_length=4)
     """Up to 4 strings; the reply ends where one is first written and leaves it out."""
     logprobs: bool = False
-    top_logprobs: Literal[0] | None = None
-    """Only 0: alternatives are not computed (each entry's ``top_logprobs`` is empty)."""
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """The most likely alternatives per token, under the distribution the token was sampled from."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
     """Reproducible sampling: the same request with the same seed samples the same tokens on
     the same weights version (choice ``i`` of ``n`` is seeded ``seed + i``)."""
-    presence_penalty: Literal[0] | None = None
-    frequency_penalty: Literal[0] | None = None
-    parallel_tool_calls: Literal[True] | None = None
-    """The model may always write several calls in one message; false is not enforceable."""
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """Subtracted from the logit of every token already in the reply (the engine's sampler). A
+    turn sampled with it is recorded with that distribution's log-probs and marked
+    (``LiveOrigin.constrained``): kept out of the loss unless ``train_constrained``."""
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """Subtracted once per earlier occurrence in the reply; marked as ``presence_penalty`` is."""
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string, OpenAI's JSON) -> bias in [-100, 100] added to its logit; marked as
+    ``presence_penalty`` is."""
+    parallel_tool_calls: bool | None = None
+    """False: the reply ends once its first call is complete (the rest is never sampled;
+    ``LiveOrigin.ended_early`` records it). True or absent: any number of calls."""
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
+    """A reasoning format (``qwen3``): ``none`` and ``minimal`` turn thinking off (the empty
+    think block Qwen3's template writes for ``enable_thinking: false`` opens the reply), any
+    other value leaves it on. A format without reasoning: no effect."""
+    modalities: list[Literal["text"]] | None = None
+    """Only ``["text"]`` (what a text policy writes anyway)."""
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    """No effect: every request is served the same way, in arrival order."""
+    prompt_cache_key: str | None = None
+    """No effect: the engines' prefix cache serves every request that shares a prefix."""
+    prompt_cache_retention: Literal["in-memory", "in_memory", "24h"] | None = None
+    """No effect: cached prefixes stay while the engine's memory and ``stale_kv_versions`` allow."""
+    prompt_cache_options: PromptCacheOptions | None = None
+    """No effect, as ``prompt_cache_retention``."""
+    safety_identifier: str | None = None
+    """No effect (OpenAI's abuse tracking); not recorded."""
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """No effect: the served policy's replies are what it learned to write; rewriting the prompt
+    to steer length would record turns the policy was not asked."""
+    prediction: Prediction | None = None
+    """No effect: OpenAI's predicted outputs only speed a reply up, and this server has no such
+    speculative path; the reply is the same either way."""
     response_format: ResponseFormat | None = None
     """``text`` (what a reply is anyway), or the JSON modes ``json_object`` / ``json_schema``,
     which are constrained decoding (engines with it: vLLM)."""
@@ -197,9 +262,23 @@ class ChatCompletionRequest(_Strict):
         if empty:
             raise InvalidRequest("stop" if isinstance(self.stop, str) else f"stop.{empty[0]}",
                                  "a stop string must not be empty")
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:
             raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise InvalidRequest(f"logit_bias.{key}", "logit_bias keys are token ids (as strings)")
+            if not -100 <= bias <= 100:
+                raise InvalidRequest(f"logit_bias.{key}", "a logit bias must be between -100 and 100")
         return self
+
+    def bias_pairs(self, vocab_size: int) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (token id, bias) pairs; a 400 naming an id the tokenizer lacks."""
+        pairs = tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
+        for tid, _ in pairs:
+            if tid >= vocab_size:
+                raise InvalidRequest(f"logit_bias.{tid}", f"token id {tid} is not in the served "
+                                     f"tokenizer's vocabulary of {vocab_size}")
+        return pairs
 
     def max_new_tokens(self, default: int) -> int:
         """The completion token limit (``max_completion_tokens``, else ``max_tokens``)."""
@@ -233,8 +312,8 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     if not isinstance(body, dict):
         raise InvalidRequest(None, "the request body must be a JSON object")
     for key in body:
-        if key in UNSUPPORTED_PARAMS:
-            raise InvalidRequest(key, f"'{key}' is not supported by this server; remove it")
+        if key in REFUSED:
+            raise InvalidRequest(key, f"'{key}' is not supported by this server: {REFUSED[key]}")
         if key not in ChatCompletionRequest.model_fields:
             raise InvalidRequest(key, f"unknown parameter '{key}'")
     try:
@@ -250,11 +329,11 @@ def _named(exc: ValidationError) -> InvalidRequest:
         "tool_choice": "tool_choice must be 'auto', 'none', 'required' or "
                        "{'type': 'function', 'function': {'name': ...}}",
         "stop": "stop takes a string or a list of at most 4 strings",
-        "top_logprobs": "top_logprobs must be 0 (alternative tokens are not computed)",
-        "presence_penalty": "presence_penalty must be 0 (penalties are not implemented)",
-        "frequency_penalty": "frequency_penalty must be 0 (penalties are not implemented)",
-        "parallel_tool_calls": "parallel_tool_calls must be true (one call per message cannot "
-                               "be enforced)",
+        "top_logprobs": f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}",
+        "presence_penalty": "presence_penalty must be a number from -2 to 2",
+        "frequency_penalty": "frequency_penalty must be a number from -2 to 2",
+        "reasoning_effort": f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
+        "modalities": "modalities may only be ['text'] (this server serves a text policy)",
         "store": "store must be false (completions are not stored for retrieval)",
     }
     if err.param is not None and err.param.startswith("tool_choice"):
@@ -264,7 +343,8 @@ def _named(exc: ValidationError) -> InvalidRequest:
 
 _FIELD_NAMES = frozenset(
     name for model in (ChatCompletionRequest, Message, TextPart, ToolCall, FunctionCall, Tool,
-                       FunctionDef, StreamOptions, NamedToolChoice, NamedFunction, ResponseFormat, JsonSchemaSpec)
+                       FunctionDef, StreamOptions, NamedToolChoice, NamedFunction, ResponseFormat, JsonSchemaSpec,
+                       Prediction, PromptCacheOptions, PromptCacheBreakpoint)
     for name in model.model_fields
 ) | {"schema"}
 

@@ -1,9 +1,9 @@
 """Engine output -> OpenAI responses: whole completions, and streamed chunks.
 
-Log-probs are the behaviour log-probs the engine recorded (under the tempered, top-p-cut
-distribution that sampled each token), one entry per generated token except the end-of-turn
-token that closes the message (OpenAI reports no entry for the stop sequence). ``top_logprobs``
-is always empty: alternatives are not computed (the request model only accepts 0).
+Log-probs are the behaviour log-probs the engine recorded (under the distribution that sampled
+each token: tempered, biased and penalised as the request asked), one entry per generated token
+except the end-of-turn token that closes the message (OpenAI reports no entry for the stop
+sequence); ``top_logprobs`` are the engine's alternatives under that same distribution.
 
 Streaming parses incrementally in the policy's chat format (``envs.formats.StreamParser``):
 content and ``reasoning_content`` go out as they are decoded; each tool call starts with a
@@ -25,7 +25,7 @@ from envs.formats import DEFAULT_FORMAT, ChatFormat, StreamDelta, StreamParser, 
 from envs.formats.base import partial_suffix
 from gateway.openai_types import (
     ChatCompletion, Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaFunction, DeltaToolCall,
-    OpenAIFinish, TokenLogprob, Usage,
+    OpenAIFinish, TokenLogprob, TopLogprob, Usage,
 )
 from gateway.toolcalls import AssistantReply, split_action, tool_call_id
 from rollout.chat import StreamDecoder, decode_action
@@ -39,18 +39,26 @@ def openai_finish(engine_reason: str, reply: AssistantReply) -> OpenAIFinish:
     return "tool_calls" if reply.wire else "stop"
 
 
-def token_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[TokenLogprob]:
+def token_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
+                   top: Sequence[Sequence[tuple[int, float]]] = ()) -> list[TokenLogprob]:
     """One entry per generated token, the closing end-of-turn token left out (it only ever
-    comes last, so leaving it out wherever it is gives the same entries chunk by chunk)."""
+    comes last, so leaving it out wherever it is gives the same entries chunk by chunk); with
+    ``top`` (the engine's alternatives per token), each entry's ``top_logprobs``."""
     out = []
-    for tid, lp in zip(token_ids, logprobs):
+    for k, (tid, lp) in enumerate(zip(token_ids, logprobs)):
         if tid == tokenizer.eos_token_id:
             continue
-        text = tokenizer.decode([tid])
-        # A token holding part of a multi-byte character decodes to U+FFFD: its bytes are unknown.
-        raw = None if "\ufffd" in text else list(text.encode("utf-8"))
-        out.append(TokenLogprob(token=text, logprob=float(lp), bytes=raw, top_logprobs=[]))
+        text, raw = _token_text(tokenizer, tid)
+        alts = [TopLogprob(token=t, logprob=float(v), bytes=b)
+                for t, b, v in ((*_token_text(tokenizer, a), v) for a, v in top[k])] if k < len(top) else []
+        out.append(TokenLogprob(token=text, logprob=float(lp), bytes=raw, top_logprobs=alts))
     return out
+
+
+def _token_text(tokenizer: Any, tid: int) -> tuple[str, list[int] | None]:
+    text = tokenizer.decode([tid])
+    # A token holding part of a multi-byte character decodes to U+FFFD: its bytes are unknown.
+    return text, None if "\ufffd" in text else list(text.encode("utf-8"))
 
 
 def decode(tokenizer: Any, token_ids: Sequence[int], chat_format: str | ChatFormat = DEFAULT_FORMAT) -> str:
@@ -87,6 +95,24 @@ class StopWatch:
         return None
 
 
+class FirstCallWatch:
+    """Ends a choice once its first tool call is complete (``parallel_tool_calls: false``): fed
+    the tokens as they are sampled, it says how many to keep (through the token that closes the
+    call block); the engine request is then aborted, so no second call is ever sampled."""
+
+    def __init__(self, tokenizer: Any, chat_format: str | ChatFormat = DEFAULT_FORMAT) -> None:
+        self.format = get_format(chat_format)
+        self.decoder = StreamDecoder(tokenizer, self.format)
+
+    def feed(self, token_ids: Sequence[int]) -> int | None:
+        """None while no call is complete, else how many of ``token_ids`` to keep."""
+        for k, tid in enumerate(token_ids):
+            text = self.decoder.push([tid])
+            if any(draft.closed for draft in self.format.scan(text, final=False).calls):
+                return k + 1
+        return None
+
+
 def _reply(tokenizer: Any, token_ids: Sequence[int], completion_id: str, index: int, tools_enabled: bool,
            chat_format: str | ChatFormat, stops: Sequence[str]) -> AssistantReply:
     """One choice's reply: its text up to any stop string, split; ``text`` keeps all it wrote."""
@@ -105,7 +131,8 @@ def chat_completion(tokenizer: Any, completion_id: str, model: str, created: int
     choices, replies = [], []
     for i, comp in enumerate(completions):
         reply = _reply(tokenizer, comp.token_ids, completion_id, i, tools_enabled, chat_format, stops)
-        lps = ChoiceLogprobs(content=token_logprobs(tokenizer, comp.token_ids, comp.logprobs)) if logprobs else None
+        lps = ChoiceLogprobs(content=token_logprobs(tokenizer, comp.token_ids, comp.logprobs, comp.top)) \
+            if logprobs else None
         choices.append(Choice(index=i, message=reply.message(), logprobs=lps,
                               finish_reason=openai_finish(comp.finish_reason, reply)))
         replies.append(reply)
@@ -138,7 +165,8 @@ class ChoiceStream:
         """The text so far, a token's worth of decoding a token."""
         self._started = False
 
-    def push(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[ChunkChoice]:
+    def push(self, token_ids: Sequence[int], logprobs: Sequence[float],
+             top: Sequence[Sequence[tuple[int, float]]] = ()) -> list[ChunkChoice]:
         """New tokens -> zero or one chunk choice (the first carries ``role``)."""
         self.token_ids += token_ids
         self.token_logprobs += logprobs
@@ -146,7 +174,7 @@ class ChoiceStream:
         if not stopped and self.stops:
             text = text[:len(text) - max(partial_suffix(text, s) for s in self.stops)]
         delta = self._delta(self.parser.feed(text))
-        lps = self._logprobs(token_ids, logprobs) if self.logprobs else None
+        lps = self._logprobs(token_ids, logprobs, top) if self.logprobs else None
         if delta is None and not lps and self._started:
             return []
         return [self._chunk(delta or Delta(), lps)]
@@ -175,8 +203,9 @@ class ChoiceStream:
         return Delta(content=parsed.content or None, reasoning_content=parsed.reasoning or None,
                      tool_calls=calls or None)
 
-    def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> ChoiceLogprobs | None:
-        entries = token_logprobs(self.tokenizer, token_ids, logprobs)
+    def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float],
+                  top: Sequence[Sequence[tuple[int, float]]]) -> ChoiceLogprobs | None:
+        entries = token_logprobs(self.tokenizer, token_ids, logprobs, top)
         return ChoiceLogprobs(content=entries) if entries else None
 
     def _chunk(self, delta: Delta, lps: ChoiceLogprobs | None = None,

@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
@@ -37,9 +37,9 @@ from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.feedback import apply_feedback
 from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, Usage, \
     parse_chat_request
-from gateway.responses import ChoiceStream, StopWatch, chat_completion
+from gateway.responses import ChoiceStream, FirstCallWatch, StopWatch, chat_completion
 from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
-from gateway.toolcalls import template_messages
+from gateway.toolcalls import template_messages, thinking_off_ids
 from rollout.engines.base import Chunk, Completion, SamplingParams
 from rollout.engines.client import EngineClient
 from rollout.trajectory import Group, Trajectory
@@ -92,6 +92,18 @@ class _Call:
     created: int
     guide: Guide | None = None
     completion_tokens: int = 0
+    ended_early: dict[int, str] = field(default_factory=dict)
+    """Choice index -> why its sampling was ended before the model ended it (``stop``: a stop
+    string; ``first_tool_call``: ``parallel_tool_calls: false``)."""
+
+    @property
+    def watched(self) -> bool:
+        """The decoded text is watched as it is sampled (stop strings, one call at most)."""
+        return bool(self.req.stop) or self.one_call
+
+    @property
+    def one_call(self) -> bool:
+        return self.req.parallel_tool_calls is False and bool(self.prepared.tools)
 
 
 class LiveService:
@@ -126,15 +138,19 @@ class LiveService:
         sid = session_id_for(session_header, req.user)
         self._make_room(sid)
         prepared = self.recorder.prepare(sid, template_messages(req.messages), req.tool_dicts())
+        prepared.extend(thinking_off_ids(self.engine.tokenizer, self.chat_format, req.reasoning_effort))
         max_new = req.max_new_tokens(self.cfg.default_max_tokens)
         if len(prepared.prompt_ids) + max_new > self.cfg.max_context_tokens:
             raise InvalidRequest("messages", f"the conversation is {len(prepared.prompt_ids)} tokens; with "
                                  f"max_tokens {max_new} it exceeds the server's context of "
                                  f"{self.cfg.max_context_tokens} tokens")
         guide = await self._guide(req)
+        tok = self.engine.tokenizer
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_new,
-                                stop_token_ids=req.stop_token_ids(self.engine.tokenizer), n=req.n,
-                                seed=req.seed, guide=guide.tag if guide else None)
+                                stop_token_ids=req.stop_token_ids(tok), n=req.n, seed=req.seed,
+                                guide=guide.tag if guide else None, logit_bias=req.bias_pairs(len(tok)),
+                                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                                top_logprobs=req.top_logprobs or 0)
         return _Call(req, prepared, params, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), guide)
 
     async def _guide(self, req: ChatCompletionRequest) -> Guide | None:
@@ -151,17 +167,23 @@ class LiveService:
         return guide
 
     async def _choice_chunks(self, call: _Call, i: int, request_id: str) -> AsyncIterator[Chunk]:
-        """Choice ``i``'s chunks from the engine; with ``stop`` strings, cut at the token that
-        completes the first one written (finish ``stop``) and the engine request aborted."""
-        watch = StopWatch(self.engine.tokenizer, call.req.stop_list(), self.chat_format) if call.req.stop else None
+        """Choice ``i``'s chunks from the engine; watched (``_Call.watched``), cut at the token
+        that completes the first stop string written or closes the first call (finish ``stop``,
+        the cause in ``call.ended_early``) and the engine request aborted."""
+        watches = []
+        if call.req.stop:
+            watches.append(("stop", StopWatch(self.engine.tokenizer, call.req.stop_list(), self.chat_format)))
+        if call.one_call:
+            watches.append(("first_tool_call", FirstCallWatch(self.engine.tokenizer, self.chat_format)))
         chunks = self.engine.stream(call.prepared.prompt_ids, call.params.choice(i), request_id,
                                     session_id=call.prepared.session_id)
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
-                keep = watch.feed(chunk.token_ids) if watch is not None else None
-                if keep is not None:
+                cuts = [(keep, cause) for cause, w in watches if (keep := w.feed(chunk.token_ids)) is not None]
+                if cuts:
+                    keep, call.ended_early[i] = min(cuts)
                     yield Chunk(chunk.request_id, chunk.token_ids[:keep], chunk.logprobs[:keep], chunk.version, "stop",
-                                chunk.adapter)
+                                chunk.adapter, chunk.top[:keep])
                     return
                 yield chunk
 
@@ -172,7 +194,7 @@ class LiveService:
         return comp
 
     async def complete(self, call: _Call) -> dict[str, Any]:
-        if call.req.stop:  # the decoded text is watched as it is sampled
+        if call.watched:
             comps = list(await asyncio.gather(*[self._until_stop(call, i) for i in range(call.params.n)]))
         else:
             comps = await self.engine.generate_n(call.prepared.prompt_ids, call.params,
@@ -181,7 +203,8 @@ class LiveService:
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
             len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format,
             call.req.stop_list())
-        self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call)))
+        self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call),
+                                                      call.ended_early.get(0)))
         call.completion_tokens = response.usage.completion_tokens
         return response.wire()
 
@@ -209,7 +232,7 @@ class LiveService:
                 if isinstance(chunk, BaseException):
                     raise chunk
                 comps[i].take(chunk)
-                choices = outs[i].push(chunk.token_ids, chunk.logprobs) if chunk.token_ids else []
+                choices = outs[i].push(chunk.token_ids, chunk.logprobs, chunk.top) if chunk.token_ids else []
                 if chunk.finish_reason is not None:
                     closing, _ = outs[i].finish(chunk.finish_reason)
                     choices += closing
@@ -223,7 +246,8 @@ class LiveService:
             for t in tasks:
                 t.cancel()
         replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
-        self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call)))
+        self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call),
+                                                      call.ended_early.get(0)))
         call.completion_tokens = sum(len(c.token_ids) for c in comps)
         if call.req.stream_options is not None and call.req.stream_options.include_usage:
             done = sum(len(c.token_ids) for c in comps)
@@ -234,7 +258,13 @@ class LiveService:
 
     @staticmethod
     def _constrained(call: _Call) -> str | None:
-        return call.guide.reason if call.guide is not None else None
+        """What reshaped the distribution the turn was sampled from (a grammar, the request's
+        logit bias or penalties): its log-probs are not the policy's own."""
+        if call.guide is not None:
+            return call.guide.reason
+        if call.params.logit_bias:
+            return "logit_bias"
+        return "penalties" if call.params.reshaped else None
 
     def _judge_followed(self, followed: tuple[Any, int] | None) -> None:
         """Turn t's next state just arrived: have the judge score it now (on a copy of the

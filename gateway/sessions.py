@@ -106,6 +106,13 @@ class PreparedPrompt:
     cause: str | None = None
     """Why a new segment starts (None: stitched, or the session's first request)."""
 
+    def extend(self, ids: list[int]) -> None:
+        """Tokens the server adds after the rendered prompt (the reply's opening): part of the
+        prompt, and of the observation a stitched turn records, so the record stays exact."""
+        self.prompt_ids = self.prompt_ids + ids
+        if self.continues is not None:
+            self.observation_ids = self.observation_ids + ids
+
 
 @dataclass
 class LiveSegment:
@@ -253,10 +260,13 @@ class SessionRecorder:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def record(self, prepared: PreparedPrompt, completions: Sequence[SampledCompletion],
-               replies: Sequence[AssistantReply], constrained: str | None = None) -> tuple[LiveSegment, int] | None:
+               replies: Sequence[AssistantReply], constrained: str | None = None,
+               ended_early: str | None = None) -> tuple[LiveSegment, int] | None:
         """Store a request's sampled choices (``replies[i]`` is what choice ``i`` returned);
-        ``constrained``: why a grammar constrained their sampling (``gateway.constraints``),
-        kept as ``LiveOrigin.constrained`` of the turn. Returns the segment and the index of the
+        ``constrained``: what reshaped the distribution they were sampled from (a grammar,
+        ``gateway.constraints``; logit bias; penalties), kept as ``LiveOrigin.constrained`` of
+        the turn; ``ended_early``: why the recorded choice's sampling was cut short
+        (``LiveOrigin.ended_early``). Returns the segment and the index of the
         turn whose next state (tool result, user reply) this request brought, when it was
         stitched on; else None."""
         if not completions or len(completions) != len(replies):
@@ -285,6 +295,8 @@ class SessionRecorder:
         if constrained is not None and seg.trajectory.live is not None:
             seg.trajectory.live.constrained[len(seg.trajectory.turns) - 1] = constrained
             self._counters["constrained"] += 1
+        if ended_early is not None and seg.trajectory.live is not None:
+            seg.trajectory.live.ended_early[len(seg.trajectory.turns) - 1] = ended_early
         self._counters["requests"] += 1
         self._counters["unchosen_choices"] += len(choices) - 1
         session.last = _Last(prepared.prompt_ids, prepared.messages, prepared.tools, choices)

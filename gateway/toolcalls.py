@@ -91,7 +91,8 @@ def assistant_template_message(content: str | None, calls: list[tuple[str, dict[
 
 def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Request messages as the chat template renders them (an assistant's
-    ``reasoning_content``, when a client sends it back, goes along: Qwen3's template shows it)."""
+    ``reasoning_content``, when a client sends it back, goes along: Qwen3's template shows it;
+    so does a message's ``name``, for templates that show one)."""
     out: list[dict[str, Any]] = []
     for msg in messages:
         if msg.role == "assistant":
@@ -101,8 +102,10 @@ def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 out[-1]["reasoning_content"] = msg.reasoning_content
         elif msg.role == "tool":
             out.append({"role": "tool", "content": msg.text(), "tool_call_id": msg.tool_call_id})
-        else:
-            out.append({"role": msg.role, "content": msg.text()})
+        else:  # OpenAI's ``developer`` is the system message under its newer name
+            out.append({"role": "system" if msg.role == "developer" else msg.role, "content": msg.text()})
+        if msg.name is not None:  # a template with a place for it shows it; ours have none
+            out[-1]["name"] = msg.name
     return out
 
 
@@ -114,3 +117,13 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]
         return m["role"], m.get("content") or "", calls
     return key(a) == key(b)
+
+
+def thinking_off_ids(tokenizer: Any, chat_format: str | ChatFormat, effort: str | None) -> list[int]:
+    """What opens the reply for ``reasoning_effort``: in a reasoning format (``think`` tags),
+    ``none`` and ``minimal`` write the empty think block Qwen3's template writes for
+    ``enable_thinking: false``, so the model answers without reasoning; else nothing."""
+    fmt = get_format(chat_format)
+    if fmt.think is None or effort not in ("none", "minimal"):
+        return []
+    return tokenizer(f"{fmt.think[0]}\n\n{fmt.think[1]}\n\n", add_special_tokens=False)["input_ids"]

@@ -14,8 +14,9 @@ With a history window (``rollout.history_turns``) turn ``t`` was sampled from
 records where its context began, and ``segments()`` splits the trajectory into the rows the
 learner trains, each the exact context its turns were sampled from.
 
-JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 4.
-Version 4 added ``Turn.adapter`` (the LoRA adapter that sampled the turn); version 3 made
+JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 5.
+Version 5 added ``LiveOrigin.ended_early`` (turns the server cut short: stop strings,
+``parallel_tool_calls: false``); version 4 added ``Turn.adapter`` (the LoRA adapter that sampled the turn); version 3 made
 typed fields of what components used to keep in ``metadata`` (``producer``, ``worker``,
 ``labels``, ``answer_score``, ``reward_details``, ``reward_errors``, ``skipped_sources``,
 ``live``); version 2 added ``Turn.version_spans`` (weights versions within a
@@ -42,8 +43,8 @@ from envs.toolcalls import ToolCall
 from rollout.engines.base import Completion, expand_spans
 from rollout.token_array import NO_INTS, FloatArray, IntArray
 
-SCHEMA_VERSION = 4
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 REWARD_SOURCES = ("outcome", "ig", "prm", "match", "env")
 FinishReason = Literal["answer", "max_turns", "max_tokens", "error"]
 
@@ -164,10 +165,15 @@ class LiveOrigin(BaseModel):
     """Turn index -> judgement (``score``, ``raw``, ``error``) the judge gave while the session
     was still open, so the reward service does not judge those turns again at its close."""
     constrained: dict[int, str] = {}
-    """Turn index -> what constrained its sampling (``tool_choice_required``, ``tool_choice_named``,
-    ``strict_tools``, ``response_format_json_schema``, ``response_format_json_object``: a grammar
-    masked the distribution, ``gateway.constraints``). The tokens are exactly the sampled ones; the
-    recorded log-probs are the constrained distribution's, not the policy's own."""
+    """Turn index -> what reshaped the distribution it was sampled from: a grammar masked it
+    (``tool_choice_required``, ``tool_choice_named``, ``strict_tools``,
+    ``response_format_json_schema``, ``response_format_json_object``; ``gateway.constraints``),
+    or the request's ``logit_bias`` or ``penalties`` (presence, frequency). The tokens are exactly
+    the sampled ones; the recorded log-probs are that distribution's, not the policy's own."""
+    ended_early: dict[int, str] = {}
+    """Turn index -> why the server ended its sampling before the model did: ``stop`` (a stop
+    string was written) or ``first_tool_call`` (``parallel_tool_calls: false``). The tokens up
+    to the cut are exactly the sampled ones; no end-of-turn token was sampled."""
 
 
 class Trajectory(BaseModel):

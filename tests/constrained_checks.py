@@ -4,7 +4,8 @@ of their own. On the vLLM engine ``tool_choice`` required / named, ``response_fo
 json_schema and the structured-output paths of pydantic-ai (``output_type``) and LangChain
 (``with_structured_output``) must give replies that parse and validate, recorded token-exact and
 marked constrained; on the HF engine each is a 400 naming the parameter. Stop strings of several
-tokens work on both."""
+tokens, ``logit_bias``, penalties, ``top_logprobs`` and ``parallel_tool_calls: false`` work on
+both, bias and penalties marked as reshaping the distribution sampled."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ SEARCH, FINAL = _tool("search", "query"), _tool("final_answer", "answer")
 SCHEMAS = {"search": SEARCH["function"]["parameters"], "final_answer": FINAL["function"]["parameters"]}
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, "found": {"type": "boolean"}},
         "required": ["city", "found"], "additionalProperties": False}
+FORCED = "100"
+"""A token id the tiny tokenizer has; ``logit_bias`` +100 makes it every token written."""
 STOP = "<tool_call>"
 """Several tokens of the tiny tokenizer; the agent writes it first when asked a question."""
 
@@ -54,6 +57,7 @@ def served_checks(base: str, engine: str, messages: list[dict]) -> dict[str, Any
     stopped = _call(client, "c-stop", messages, tools=[SEARCH], stop=["Katu", STOP]).choices[0]
     assert stopped.finish_reason == "stop" and STOP not in (stopped.message.content or "")
     assert not stopped.message.tool_calls  # the call's tag was never finished
+    _sampler_checks(client, messages)
     if engine != "vllm":
         for kw, param in [({"tools": [SEARCH], "tool_choice": "required"}, "tool_choice"),
                           ({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}},
@@ -90,6 +94,19 @@ def served_checks(base: str, engine: str, messages: list[dict]) -> dict[str, Any
     return served
 
 
+def _sampler_checks(client: openai.OpenAI, messages: list[dict]) -> None:
+    """Bias forcing one token (its log-prob 0, the alternatives led by it), penalties, and one
+    call at most, served; their recordings are checked in ``recorded_checks``."""
+    forced = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, logit_bias={FORCED: 100},
+                                            logprobs=True, top_logprobs=2, extra_headers={"X-Session-Id": "c-bias"})
+    for entry in forced.choices[0].logprobs.content:
+        assert entry.logprob > -1e-3 and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[1].logprob < -10
+    _call(client, "c-pen", messages, temperature=0, max_tokens=16, frequency_penalty=2.0, presence_penalty=1.0)
+    one = _call(client, "c-one", messages, tools=[SEARCH], temperature=0, parallel_tool_calls=False).choices[0]
+    assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1
+
+
 def _framework_structured_outputs(base: str, question: str) -> None:
     """Two frameworks' default structured-output paths: pydantic-ai's ``output_type`` (an output
     tool with ``tool_choice: required``, strict) and LangChain's ``with_structured_output``
@@ -120,12 +137,18 @@ def recorded_checks(rows: list[dict], served: dict[str, Any], tokenizer: Any, en
     ids = list(trajs["c-stop"].turns[0].action_ids)
     assert [cut_at_stop(tokenizer.decode(ids[:k], skip_special_tokens=True), ["Katu", STOP])[1]
             for k in (len(ids) - 1, len(ids))] == [False, True]
+    assert trajs["c-stop"].live.ended_early == {0: "stop"}
+    assert list(trajs["c-bias"].turns[0].action_ids) == [int(FORCED)] * 3
+    assert trajs["c-bias"].live.constrained == {0: "logit_bias"} and trajs["c-pen"].live.constrained == {0: "penalties"}
+    one = trajs["c-one"]
+    assert one.live.ended_early == {0: "first_tool_call"} and one.live.constrained == {}
+    assert tokenizer.decode(list(one.turns[0].action_ids)).rstrip().endswith("</tool_call>")
     if engine != "vllm":
         assert "c-refused" not in trajs  # a refused request records nothing
         return
     want = {"c-req": {0: "tool_choice_required"}, "c-named": {0: "tool_choice_named"},
             "c-json": {0: "response_format_json_schema"}, "c-stream": {0: "tool_choice_required"},
-            "c-stop": {}, "c-lc": {0: "response_format_json_schema"}}
+            "c-stop": {}, "c-lc": {0: "response_format_json_schema"}, "c-bias": {0: "logit_bias"}}
     assert {sid: trajs[sid].live.constrained for sid in want} == want
     assert trajs["c-pyd"].live.constrained[0] == "tool_choice_required"
     req = trajs["c-req"]  # the call went back and the session went on in one segment, unconstrained

@@ -4,7 +4,7 @@ model), and an engine completion as the recorder and response builders read it."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -49,3 +49,4 @@ class Sampled:
     finish_reason: str
     version_spans: list[tuple[int, int]]
     adapter: str | None = None
+    top: list[list[tuple[int, float]]] = field(default_factory=list)

@@ -423,6 +423,30 @@ def test_logprobs_match_a_plain_forward_pass(client, tiny_policy, temperature, t
         torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=2e-4, rtol=0)
 
 
+def test_bias_and_penalties_shape_the_sampled_distribution_and_its_logprobs(client, tiny_policy) -> None:
+    """``logit_bias`` and presence/frequency penalties act on the logits before temperature, and
+    the recorded log-probs (and the ``top_logprobs`` alternatives) are under that reshaped
+    distribution, in both engines: checked against a plain forward pass reshaped by hand."""
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(temperature=0.7, max_new_tokens=24, logit_bias=((9, 3.0), (12, -100.0)),
+                            presence_penalty=0.5, frequency_penalty=1.0, top_logprobs=3, seed=5)
+    c = _run(client.generate(PROMPT, params))
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy[0]).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + c.token_ids])).logits[0, len(PROMPT) - 1:-1].double()
+    assert 12 not in c.token_ids and len(c.top) == len(c.token_ids)
+    for t, row in enumerate(logits):
+        row[9] += 3.0
+        row[12] -= 100.0
+        counts = torch.bincount(torch.tensor(c.token_ids[:t], dtype=torch.long), minlength=row.numel())[: row.numel()]
+        logp = torch.log_softmax((row - 1.0 * counts - 0.5 * (counts > 0)) / 0.7, -1)
+        assert c.logprobs[t] == pytest.approx(float(logp[c.token_ids[t]]), abs=2e-4)
+        best = logp.topk(3)
+        assert [tid for tid, _ in c.top[t]] == best.indices.tolist()
+        assert [lp for _, lp in c.top[t]] == pytest.approx(best.values.tolist(), abs=2e-4)
+
+
 def test_prompt_logprobs_from_first_are_the_tail_of_the_whole_prompts(client) -> None:
     """``first`` = k gives the log-probs of tokens k.. only, equal to the whole prompt's from
     k - 1 on; a ``first`` that names no scorable token is refused, naming it."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from envs.toolcalls import ToolCall
 from gateway.errors import InvalidRequest
 from gateway.openai_types import ChatCompletionChunk, ModelCard, ModelList, parse_chat_request
-from gateway.responses import ChoiceStream, StopWatch, chat_completion, cut_at_stop
+from gateway.responses import ChoiceStream, FirstCallWatch, StopWatch, chat_completion, cut_at_stop
 from gateway.toolcalls import split_action, template_messages, tool_call_id
 from gateway_fixtures import CALL_TEXT, TOOLS, Sampled, tiny_tokenizer
 
@@ -31,23 +31,36 @@ def tok(tmp_path_factory):
     ({"foo": 1}, "foo"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
-    ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ({"logit_bias": {"five": 1}}, "logit_bias.five"),
+    ({"logit_bias": {"5": 101}}, "logit_bias.5"),
+    ({"logit_bias": {"5": "up"}}, "logit_bias"),
+    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+    ({"functions": [{"name": "search"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+    ({"modalities": ["text", "audio"]}, "modalities.1"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"service_tier": "gold"}, "service_tier"),
+    ({"store": True}, "store"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
     ({"tool_choice": "any"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"nam": "search"}}}, "tool_choice"),
     ({"stop": ["a", ""]}, "stop.1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"parallel_tool_calls": "sometimes"}, "parallel_tool_calls"),
     ({"n": 0}, "n"),
     ({"temperature": 2.5}, "temperature"),
     ({"stop": 7}, "stop"),
     ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"stream": True, "stream_options": {"include_obfuscation": False}}, "stream_options.include_obfuscation"),
+    ({"stream": True, "stream_options": {"include_obfuscation": 3}}, "stream_options.include_obfuscation"),
     ({"tools": [{"type": "function", "function": {"name": "s", "strict": 3}}]}, "tools.0.function.strict"),
-    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages.0.name"),
-    ({"messages": [{"role": "developer", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "hi", "name": 3}]}, "messages.0.name"),
+    ({"messages": [{"role": "function", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "tool", "content": "Paris"}]}, "messages.0"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content"),
@@ -69,6 +82,9 @@ def test_a_full_request_parses_and_neutral_values_are_accepted() -> None:
         "max_completion_tokens": 32, "stop": "\n\n", "logprobs": True, "top_logprobs": 0, "stream": True,
         "stream_options": {"include_usage": True}, "user": "u1", "seed": 3,
         "presence_penalty": 0, "frequency_penalty": 0.0, "parallel_tool_calls": True,
+        "service_tier": "flex", "prompt_cache_key": "k", "prompt_cache_retention": "24h", "safety_identifier": "s",
+        "metadata": {"team": "a"}, "verbosity": "low", "prediction": {"type": "content", "content": "Paris"},
+        "modalities": ["text"], "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}, "reasoning_effort": "low",
     })
     assert (req.n, req.max_new_tokens(64), req.stop_list(), req.messages[0].text()) == (2, 32, ["\n\n"], "Be brief.")
     assert req.tool_dicts() == [{"type": "function", "function": {"name": "search",
@@ -238,3 +254,25 @@ def test_a_reply_ends_before_the_first_stop_string_written_and_streams_none_of_i
     assert sent == reply.content == "Hello "
 
 
+
+
+def test_one_call_at_most_ends_the_reply_at_the_token_closing_the_first_call(tok) -> None:
+    """``parallel_tool_calls: false``: the watch keeps the tokens through the first call's
+    closing tag and nothing after, whatever tokens the text arrives in."""
+    ids = _ids(tok, f"Let me look. {CALL_TEXT}\n{CALL_TEXT}")
+    keep = FirstCallWatch(tok).feed(ids)
+    assert tok.decode(ids[:keep]).endswith("</tool_call>") and tok.decode(ids[:keep]).count("<tool_call>") == 1
+    one_by_one = FirstCallWatch(tok)
+    fed = next(k for k, tid in enumerate(ids) if one_by_one.feed([tid]) is not None)
+    assert fed + 1 == keep
+    assert FirstCallWatch(tok).feed(_ids(tok, "No call here, only <tool_call> talk")) is None
+    comps = [Sampled(ids[:keep], [-0.5] * keep, "stop", [(0, 3)])]
+    response, _ = chat_completion(tok, "c1", "m", 0, 4, comps, True, False)
+    assert response.choices[0].finish_reason == "tool_calls" and len(response.choices[0].message.tool_calls) == 1
+
+
+def test_name_and_developer_reach_the_template_as_templates_take_them() -> None:
+    req = parse_chat_request({"messages": [{"role": "developer", "content": "Be brief.", "name": "ops"},
+                                           {"role": "user", "content": "hi", "name": "ada"}]})
+    assert template_messages(req.messages) == [{"role": "system", "content": "Be brief.", "name": "ops"},
+                                               {"role": "user", "content": "hi", "name": "ada"}]

@@ -240,8 +240,8 @@ class LiveBaselineConfig(BaseModel):
     """Smallest variance divided by, so a source whose history barely varies is not
     stretched (0.01 on [0, 1] rewards: at most 10x)."""
     train_constrained: bool = False
-    """Train on turns a grammar constrained (``tool_choice`` required or named, ``strict``
-    tools, ``response_format``; ``LiveOrigin.constrained``). Their tokens were sampled from the
-    policy masked to what the grammar allowed, and their recorded log-probs are that masked
-    distribution's, so they are not samples of the policy itself (the importance ratio cannot
-    correct for tokens the mask forbade). False: they stay in the context, out of the loss."""
+    """Train on turns sampled from a reshaped distribution (``LiveOrigin.constrained``): a
+    grammar (``tool_choice`` required or named, ``strict`` tools, ``response_format``) or the
+    request's ``logit_bias`` or presence/frequency penalties. Their recorded log-probs are that
+    reshaped distribution's, so they are not samples of the policy itself (the importance ratio
+    cannot correct for tokens the mask forbade). False: they stay in the context, out of the loss."""

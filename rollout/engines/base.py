@@ -47,6 +47,22 @@ class SamplingParams:
     """The LoRA adapter to decode with (loaded by ``Engine.update_adapter``; None: the base
     model). The request's tokens carry the adapter's version. Only an engine whose
     ``features`` hold ``"adapters"`` takes it."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits before temperature (OpenAI's
+    ``logit_bias``; -100/+100 ban or force a token)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already sampled in this completion."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was already sampled in this completion."""
+    top_logprobs: int = 0
+    """Alternatives per sampled token: the ``top_logprobs`` most likely tokens and their
+    log-probs under the distribution sampled from (``Completion.top``)."""
+
+    @property
+    def reshaped(self) -> bool:
+        """Bias or penalties changed the distribution sampled from: the recorded log-probs are
+        that distribution's (bias and penalties included), no longer the policy's own."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     def choice(self, i: int) -> "SamplingParams":
         """The params of choice ``i`` of ``n``: a seeded request's choices get seeds
@@ -80,6 +96,9 @@ class Completion:
     adapter: str | None = None
     """The LoRA adapter every token was sampled with (``version_spans`` then count its versions);
     None: the base model."""
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per token, its ``SamplingParams.top_logprobs`` alternatives, most likely first: (token
+    id, log-prob under the distribution sampled from); empty when none were asked for."""
 
     @property
     def version(self) -> int:
@@ -103,6 +122,7 @@ class Completion:
             add_span(self.version_spans, len(self.token_ids), chunk.version)
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs
+        self.top += chunk.top
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
             self.adapter = chunk.adapter
@@ -122,6 +142,8 @@ class Chunk:
     """Set on the request's last chunk."""
     adapter: str | None = None
     """The LoRA adapter the request is decoded with (None: the base); ``version`` is its."""
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Each token's alternatives (``Completion.top``); empty when none were asked for."""
 
 
 def expand_spans(spans: list[tuple[int, int]], n_tokens: int) -> list[int]:

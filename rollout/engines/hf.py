@@ -369,7 +369,7 @@ class HFEngine(Engine):
         if not req.spans:
             req.spans.append((0, self._batch.version_of(req.adapter)))
         done = Completion(req.request_id, req.token_ids, req.logprobs, reason, req.spans,  # type: ignore[arg-type]
-                          {"generate": time.perf_counter() - req.t0}, req.adapter)
+                          {"generate": time.perf_counter() - req.t0}, req.adapter, req.top)
         if not req.future.done():
             req.future.set_result(done)
         if req.stream is not None:
@@ -467,7 +467,8 @@ class _Hooks:
         req, loop = row, self.engine._loop
         assert isinstance(req, _Request) and loop is not None
         if req.stream is not None:
-            chunk = Chunk(req.request_id, [token], [logprob], self.engine._batch.version_of(req.adapter), None, req.adapter)
+            chunk = Chunk(req.request_id, [token], [logprob], self.engine._batch.version_of(req.adapter), None, req.adapter,
+                          req.top[-1:] if req.params.top_logprobs else [])
             loop.call_soon_threadsafe(req.stream.put_nowait, chunk)
         if reason is not None:
             loop.call_soon_threadsafe(self.engine._finish, req, reason)

@@ -41,6 +41,8 @@ class Row:
     params: SamplingParams
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Each token's alternatives, when ``params.top_logprobs`` asks for them."""
     spans: list[tuple[int, int]] = field(default_factory=list)
     """(first token index, weights version) of each run of tokens sampled on one version."""
     aborted: bool = False
@@ -192,7 +194,7 @@ class DecodeBatch:
     def sample(self, rows: Rows, sampler: RowSampler, hooks: DecodeHooks) -> tuple[list[int], torch.Tensor]:
         """Sample every row's next token, record it and hand it out; returns the rows that go
         on and the tokens they feed back."""
-        tok, lp = sampler(rows.logits)
+        tok, lp, alts = sampler(rows.logits, [r.token_ids for r in rows.reqs] if sampler.needs_outputs else ())
         going: list[int] = []
         for i, (t, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
             req = rows.reqs[i]
@@ -203,6 +205,8 @@ class DecodeBatch:
             stop = t == self.eos_id or t in req.params.stop_token_ids
             reason = "stop" if stop else "length" if len(req.token_ids) + 1 >= limit else None
             self.record(req, t, logp)
+            if alts is not None and req.params.top_logprobs:
+                req.top.append(alts[i])
             hooks.emitted(req, t, logp, reason)
             if reason is None:
                 going.append(i)
@@ -313,7 +317,7 @@ class DecodeBatch:
         rows.logits = out.logits[:, -1]
 
     def sampler(self, reqs: list[Row]) -> RowSampler:
-        return RowSampler([r.params.temperature for r in reqs], [r.params.top_p for r in reqs], self.gen,
+        return RowSampler([r.params for r in reqs], self.gen,
                           self.cfg.device, [r.generator for r in reqs])
 
     @torch.inference_mode()

@@ -9,19 +9,30 @@ and an argmax, several times cheaper on CPU than ``torch.multinomial``.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+
+from rollout.engines.base import SamplingParams
 
 
 class RowSampler:
-    """``sampler(logits [B, V]) -> (tokens [B], log-probs [B])``; log-probs are under each row's
-    tempered distribution (before top-p), what the learner's importance ratios compare with."""
+    """``sampler(logits [B, V], outputs) -> (tokens [B], log-probs [B], alternatives)``.
 
-    def __init__(self, temperatures: list[float], top_ps: list[float], generator: torch.Generator,
+    Each row's logits first take its ``logit_bias`` and its presence/frequency penalties
+    (counted over ``outputs[i]``, the tokens that row sampled so far), as OpenAI and vLLM apply
+    them; log-probs are under the tempered distribution of those logits (before top-p), what the
+    learner's importance ratios compare with when nothing reshaped it. ``alternatives`` holds,
+    per row, its ``top_logprobs`` most likely (token, log-prob) pairs (empty for rows that asked
+    for none), or is None when no row asked."""
+
+    def __init__(self, params: list[SamplingParams], generator: torch.Generator,
                  device: str | torch.device = "cpu",
                  row_generators: list[torch.Generator | None] | None = None) -> None:
         self.gen = generator
         self.own = [(i, g) for i, g in enumerate(row_generators or []) if g is not None]
         """Rows with a generator of their own (a seeded request): their noise comes from it."""
+        temperatures, top_ps = [p.temperature for p in params], [p.top_p for p in params]
         greedy = [t <= 0 for t in temperatures]
         self.all_greedy = all(greedy)
         self.greedy = torch.tensor(greedy, device=device) if any(greedy) and not self.all_greedy else None
@@ -29,9 +40,17 @@ class RowSampler:
         self.inv_temp: float | torch.Tensor = (
             inv[0] if len(set(inv)) == 1 else torch.tensor(inv, device=device).unsqueeze(-1))
         self.top_p = torch.tensor(top_ps, device=device).unsqueeze(-1) if any(p < 1 for p in top_ps) else None
+        self.biased = [(i, torch.tensor([t for t, _ in p.logit_bias], device=device),
+                        torch.tensor([b for _, b in p.logit_bias], device=device))
+                       for i, p in enumerate(params) if p.logit_bias]
+        self.penalised = [(i, p.presence_penalty, p.frequency_penalty) for i, p in enumerate(params)
+                          if p.presence_penalty or p.frequency_penalty]
+        self.tops = [p.top_logprobs for p in params] if any(p.top_logprobs for p in params) else None
 
-    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp = torch.log_softmax(logits.float() * self.inv_temp, dim=-1)
+    def __call__(self, logits: torch.Tensor, outputs: Sequence[Sequence[int]] = ()
+                 ) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, float]]] | None]:
+        logits = self._reshape(logits.float(), outputs)
+        logp = torch.log_softmax(logits * self.inv_temp, dim=-1)
         if self.all_greedy:
             tokens = logp.argmax(-1)
         else:
@@ -44,7 +63,31 @@ class RowSampler:
             tokens = probs.div_(noise).argmax(-1)
             if self.greedy is not None:
                 tokens = torch.where(self.greedy, logp.argmax(-1), tokens)
-        return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), self._alternatives(logp)
+
+    @property
+    def needs_outputs(self) -> bool:
+        """Penalties count each row's sampled tokens: the caller must pass ``outputs``."""
+        return bool(self.penalised)
+
+    def _reshape(self, logits: torch.Tensor, outputs: Sequence[Sequence[int]]) -> torch.Tensor:
+        if not self.biased and not self.penalised:
+            return logits
+        logits = logits.clone()
+        for i, ids, bias in self.biased:
+            logits[i].index_add_(0, ids, bias)
+        for i, presence, frequency in self.penalised:
+            if outputs[i]:
+                counts = torch.bincount(torch.tensor(outputs[i], device=logits.device), minlength=logits.shape[-1])
+                logits[i] -= frequency * counts[: logits.shape[-1]] + presence * (counts[: logits.shape[-1]] > 0)
+        return logits
+
+    def _alternatives(self, logp: torch.Tensor) -> list[list[tuple[int, float]]] | None:
+        if self.tops is None:
+            return None
+        k = max(self.tops)
+        vals, idx = logp.topk(k, dim=-1)
+        return [list(zip(idx[i, :n].tolist(), vals[i, :n].tolist())) for i, n in enumerate(self.tops)]
 
 
 def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

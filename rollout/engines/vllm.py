@@ -147,9 +147,13 @@ class VLLMEngine(Engine):
         stops = sorted(set(params.stop_token_ids) | ({eos} if eos is not None else set()))
         # The grammar masks the logits before sampling: processed log-probs are the constrained ones.
         guided = StructuredOutputsParams(structural_tag=params.guide) if params.guide else None
+        # Bias and penalties act before the sampler's processed log-probs are taken: the recorded
+        # log-probs (and the alternatives) are those of the distribution actually sampled.
         return VSampling(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-                         stop_token_ids=stops, logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA,
-                         seed=params.seed, structured_outputs=guided)
+                         stop_token_ids=stops, logprobs=params.top_logprobs, detokenize=False,
+                         output_kind=RequestOutputKind.DELTA, seed=params.seed, structured_outputs=guided,
+                         logit_bias=dict(params.logit_bias) or None, presence_penalty=params.presence_penalty,
+                         frequency_penalty=params.frequency_penalty)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
                      request_id: str | None = None) -> AsyncIterator[Chunk]:
@@ -193,7 +197,10 @@ class VLLMEngine(Engine):
                 ids = list(o.token_ids)
                 lps = [entry[t].logprob for t, entry in zip(ids, o.logprobs or [])]
                 reason = o.finish_reason if out.finished else None
-                for chunk in self._chunks(rid, done, ids, lps, o.weight_versions, lora):
+                chunks = self._chunks(rid, done, ids, lps, o.weight_versions, lora)
+                if params.top_logprobs:
+                    _attach_top(chunks, o.logprobs or [], params.top_logprobs)
+                for chunk in chunks:
                     put(chunk)
                 done += len(ids)
                 self._stats["tokens"] += len(ids)
@@ -418,3 +425,14 @@ class VLLMEngine(Engine):
         await asyncio.sleep(0)  # let the cancelled output handler finish and drop its reference
         del llm
         gc.collect()
+
+
+def _attach_top(chunks: list[Chunk], entries: list[Any], k: int) -> None:
+    """Each token's ``k`` alternatives from vLLM's per-token log-prob dicts (the top ``k`` by
+    rank, plus the sampled token where it ranks lower), onto the chunks that hold those tokens."""
+    tops = [sorted(((t, e.logprob) for t, e in entry.items() if e.rank is not None and e.rank <= k),
+                   key=lambda te: -te[1])[:k] for entry in entries]
+    at = 0
+    for chunk in chunks:
+        chunk.top = tops[at: at + len(chunk.token_ids)]
+        at += len(chunk.token_ids)
