@@ -1,7 +1,8 @@
 """The HTTP face of the live service: OpenAI-compatible routes plus the session routes.
 
 ``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream: true``),
-``GET /v1/models``, ``POST /v1/sessions/{id}/feedback``, ``POST /v1/sessions/{id}/end``,
+``POST /v1/responses`` (the same, in the Responses API's shapes and events) and
+``GET /v1/responses/{id}``, ``GET /v1/models``, ``POST /v1/sessions/{id}/feedback``, ``POST /v1/sessions/{id}/end``,
 ``GET /metrics`` (Prometheus, no auth, like every exporter) and ``GET /healthz``. Errors use
 OpenAI's body (``{"error": {"message", "type", "param", "code"}}``) with the status the error
 carries: 400 bad parameter, 401 bad token, 404 unknown session, 409 ended session, 429 full.
@@ -21,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
+from gateway.responses_service import ResponsesService
 from gateway.service import LiveService, Overloaded
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
     metrics = GatewayMetrics(service.stats, run)
     app = FastAPI(title="TurnRL live gateway", docs_url=None, redoc_url=None)
     app.state.metrics = metrics
+    responses = ResponsesService(service)
 
     def check(request: Request) -> None:
         if not tokens:
@@ -78,12 +81,34 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
         metrics.tokens.labels("prompt").inc(len(call.prepared.prompt_ids))
         if not call.req.stream:
             out = await service.complete(call)
-            metrics.tokens.labels("completion").inc(call.completion_tokens)
-            metrics.latency.labels("false").observe(time.perf_counter() - t0)
-            metrics.requests.labels("/v1/chat/completions", "200").inc()
+            _served(metrics, "/v1/chat/completions", call, t0, False)
             return JSONResponse(out)
         return StreamingResponse(_sse(service, call, metrics, t0), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        check(request)
+        t0 = time.perf_counter()
+        try:
+            body = await request.json()
+        except ValueError:
+            raise _BadJson() from None
+        call = await responses.open(body, request.headers.get("x-session-id"))
+        metrics.tokens.labels("prompt").inc(len(call.chat.prepared.prompt_ids))
+        if not call.req.stream:
+            out = await responses.complete(call)
+            _served(metrics, "/v1/responses", call.chat, t0, False)
+            return JSONResponse(out)
+        return StreamingResponse(_response_events(responses, call, metrics, t0), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> JSONResponse:
+        check(request)
+        out = responses.get(response_id)
+        metrics.requests.labels("/v1/responses/{response_id}", "200").inc()
+        return JSONResponse(out)
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
@@ -141,6 +166,22 @@ async def _sse(service: LiveService, call: Any, metrics: GatewayMetrics, t0: flo
         metrics.requests.labels("/v1/chat/completions", str(exc.status)).inc()
         return
     yield b"data: [DONE]\n\n"
+    _served(metrics, "/v1/chat/completions", call, t0, True)
+
+
+async def _response_events(responses: ResponsesService, call: Any, metrics: GatewayMetrics,
+                           t0: float) -> AsyncIterator[bytes]:
+    """``event: <type>`` / ``data: <event>`` pairs, as OpenAI streams a response (no ``[DONE]``)."""
+    async for event in responses.stream(call):
+        yield f"event: {event['type']}\ndata: ".encode() + json.dumps(event).encode() + b"\n\n"
+        if event["type"] == "error":
+            metrics.requests.labels("/v1/responses", "500").inc()
+            return
+    _served(metrics, "/v1/responses", call.chat, t0, True)
+
+
+def _served(metrics: GatewayMetrics, route: str, call: Any, t0: float, stream: bool) -> None:
+    """A served request's completion tokens, latency and 200, counted once it is done."""
     metrics.tokens.labels("completion").inc(call.completion_tokens)
-    metrics.latency.labels("true").observe(time.perf_counter() - t0)
-    metrics.requests.labels("/v1/chat/completions", "200").inc()
+    metrics.latency.labels(str(stream).lower()).observe(time.perf_counter() - t0)
+    metrics.requests.labels(route, "200").inc()

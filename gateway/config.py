@@ -52,6 +52,9 @@ class LiveConfig(BaseModel):
     """Open sessions kept; past this the least recently active one is closed (counted as
     ``evicted``): submitted when it has feedback, else treated as if it had timed out
     (``on_timeout``), so memory stays bounded."""
+    max_kept_responses: int = Field(10_000, ge=1)
+    """Responses API responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``
+    (each holds only what it added to its conversation); past this the least recently used goes."""
     num_cpus: float = Field(0.0, ge=0)
     """Ray CPUs reserved for the gateway actor. 0 by default: it parses, tokenizes and waits on
     the engines, which do the heavy work on their own reserved CPUs."""

@@ -76,9 +76,12 @@ def from_validation(exc: ValidationError, fields: frozenset[str] | None = None) 
     if err["type"] == "extra_forbidden":
         return InvalidRequest(loc_path(err["loc"]), "unknown or unsupported parameter; remove it")
     loc = list(err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
     if fields is not None:
         cut = next((i for i, p in enumerate(loc) if isinstance(p, str) and p not in fields), len(loc))
+        inner = [str(p) for p in loc[cut + 1:] if not isinstance(p, str) or p in fields]
+        if inner:  # past a union member's tag: say which of its fields
+            msg = f"{'.'.join(inner)}: {msg}"
         loc = loc[:cut]
     path = loc_path(tuple(loc))
-    msg = err["msg"].removeprefix("Value error, ")
     return InvalidRequest(path or None, msg)

@@ -124,11 +124,11 @@ class ServedRun:
     """The gateway on its own event-loop thread (as in its Ray actor), with an in-process
     reward service and replay store behind it and its record file, reachable over HTTP."""
 
-    def __init__(self, policy: str, record_path: Path) -> None:
+    def __init__(self, policy: str, record_path: Path, engine: str = "hf") -> None:
         from cluster.live import LocalLivePorts, local_reward_service
         from replay.config import ReplayConfig
         from replay.memory import InProcessReplayStore
-        from rollout.config import HFEngineConfig
+        from rollout.config import HFEngineConfig, VLLMEngineConfig
         from rollout.engines import local_client
 
         self.loop = asyncio.new_event_loop()
@@ -138,7 +138,8 @@ class ServedRun:
         self.ports = LocalLivePorts(local_reward_service(self.store), self.store)
         cfg = LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=48, max_context_tokens=4096)
         self.record_path = record_path
-        self.gateway = LiveGateway(cfg, local_client(HFEngineConfig(), policy), self.ports, run_id="frameworks",
+        engine_cfg = HFEngineConfig() if engine == "hf" else VLLMEngineConfig(max_model_len=4096)
+        self.gateway = LiveGateway(cfg, local_client(engine_cfg, policy), self.ports, run_id="frameworks",
                                    record_path=str(record_path))
         self.url = self.call(self.gateway.start())
 
@@ -154,5 +155,6 @@ class ServedRun:
     def close(self) -> None:
         self.call(self.gateway.stop())
         self.call(self.ports.close())
+        self.call(self.gateway.service.engine.engine.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)

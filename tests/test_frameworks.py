@@ -138,6 +138,68 @@ def test_openai_agents_sdk_runs_tools_plain_and_streamed(run) -> None:
     _trained(run, [_stitched(run, sid, [CALL_SEARCH, ANSWER]) for sid in ("agents-1", "agents-2")])
 
 
+def test_openai_agents_sdk_on_its_default_responses_model(run) -> None:
+    """The SDK's default model speaks the Responses API (``POST /v1/responses``): the whole
+    conversation as input items each turn, the call's output as a ``function_call_output``
+    item. Its default strict tool schemas need constrained decoding: on the HF engine a 400
+    naming ``tools.0.strict`` (the vLLM engine runs them: the next test)."""
+    agents = _needs("agents")
+    import openai
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    searches = Searches()
+
+    def agent(sid: str, strict: bool):
+        client = AsyncOpenAI(base_url=run.url, api_key=TOKEN, max_retries=0, default_headers={"X-Session-Id": sid})
+        return agents.Agent(name="a", instructions="Answer.", model=agents.OpenAIResponsesModel(MODEL, client),
+                            model_settings=agents.ModelSettings(temperature=0.0),
+                            tools=[agents.function_tool(_tool(searches), name_override="search", strict_mode=strict)])
+
+    with pytest.raises(openai.BadRequestError) as err:
+        agents.Runner.run_sync(agent("responses-strict", strict=True), question(NAMES[2]))
+    assert err.value.body["param"] == "tools.0.strict"
+    assert agents.Runner.run_sync(agent("responses-1", strict=False), question(NAMES[2])).final_output == ANSWER
+
+    async def streamed() -> str:
+        result = agents.Runner.run_streamed(agent("responses-2", strict=False), question(NAMES[2]))
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    assert asyncio.run(streamed()) == ANSWER and searches.queries == ["birthplace", "birthplace"]
+    _trained(run, [_stitched(run, sid, [CALL_SEARCH, ANSWER]) for sid in ("responses-1", "responses-2")])
+
+
+def test_openai_agents_sdk_defaults_untouched_on_the_vllm_engine(tmp_path_factory) -> None:
+    """As a user runs the SDK's quick start: ``set_default_openai_client`` with our base URL and
+    key, a model name, ``function_tool`` as it comes (strict schemas) and the default Responses
+    model; on the vLLM engine the strict schema is constrained decoding, so it just works, and
+    the session (keyed by the client's header) is recorded token-exact and trained."""
+    agents = _needs("agents")
+    _needs("vllm")
+    from openai import AsyncOpenAI
+
+    out = tmp_path_factory.mktemp("framework-agent-vllm")
+    served = ServedRun(str(build_agent_policy(out)), out / "live_sessions.jsonl", engine="vllm")
+    try:
+        agents.set_tracing_disabled(True)
+        agents.set_default_openai_client(AsyncOpenAI(base_url=served.url, api_key=TOKEN,
+                                                     default_headers={"X-Session-Id": "quickstart"}))
+        searches = Searches()
+        agent = agents.Agent(name="Assistant", instructions="Answer.", model=MODEL,
+                             tools=[agents.function_tool(_tool(searches), name_override="search")],
+                             model_settings=agents.ModelSettings(temperature=0.0))
+        assert agents.Runner.run_sync(agent, question(NAMES[3])).final_output == ANSWER
+        assert searches.queries == ["birthplace"]
+        traj = _stitched(served, "quickstart", [CALL_SEARCH, ANSWER])
+        assert traj.live.constrained == {0: "strict_tools", 1: "strict_tools"}
+        _trained(served, [traj])
+    finally:
+        agents.set_default_openai_client(AsyncOpenAI(api_key="unset"))
+        served.close()
+
+
 def test_langgraph_react_agent_and_streamed_tool_call_chunks(run) -> None:
     _needs("langgraph")
     _needs("langchain_openai")
