@@ -50,9 +50,10 @@ $(VENV)/.dense-installed: $(VENV)/.installed requirements-dense.lock
 	touch $@
 
 # Debian packages the tests use, installed when missing: redis-server (replay tests start
-# their own), chromium (dashboard test), prometheus (promtool checks of deploy/). Tests that
+# their own), chromium (dashboard test), prometheus (promtool checks of deploy/), node and npm (the
+# openai npm package drives the live endpoint from Node: tests/node). Tests that
 # need one skip with a reason when it could not be installed.
-APT_NEEDS := redis-server:redis-server chromium:chromium promtool:prometheus
+APT_NEEDS := redis-server:redis-server chromium:chromium promtool:prometheus node:nodejs npm:npm
 test-deps:
 	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); missing=""; \
 	for pair in $(APT_NEEDS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \

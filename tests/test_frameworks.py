@@ -11,7 +11,11 @@ framework."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -298,8 +302,6 @@ def test_pydantic_ai_agent_plain_and_streamed(run) -> None:
 def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price list
     litellm = _needs("litellm")
-    import json
-
     kw = dict(model=f"openai/{MODEL}", api_base=run.url, api_key=TOKEN, tools=[SEARCH], temperature=0,
               extra_headers={"X-Session-Id": "litellm-1"})
     messages = [{"role": "user", "content": question(NAMES[5])}]
@@ -312,6 +314,150 @@ def test_litellm_openai_passthrough_with_a_streamed_answer(run) -> None:
     stream = litellm.completion(messages=messages, stream=True, **kw)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == ANSWER
     _trained(run, [_stitched(run, "litellm-1", [CALL_SEARCH, ANSWER])])
+
+
+def test_autogen_assistant_agent_on_its_defaults(run) -> None:
+    """AutoGen AgentChat's ``AssistantAgent`` with ``OpenAIChatCompletionClient`` as its quick
+    start sets it up (``model_info`` is what it asks of any model not OpenAI's own). It names
+    every message's sender (``messages[].name``) and, by default, ends a run with the tool's
+    result rather than asking the model again: a second run in the same agent sends the whole
+    history back, and the session goes on in token space."""
+    _needs("autogen_agentchat")
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    searches = Searches()
+    client = OpenAIChatCompletionClient(
+        model=MODEL, base_url=run.url, api_key=TOKEN, temperature=0, max_retries=0,
+        default_headers={"X-Session-Id": "autogen-1"},
+        model_info={"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
+                    "structured_output": False})
+    agent = AssistantAgent("assistant", model_client=client, tools=[_tool(searches)], system_message="Answer.")
+
+    async def two_runs() -> list[str]:
+        first = await agent.run(task=question(NAMES[0]))
+        second = await agent.run(task=question(NAMES[1]))
+        await client.close()
+        return [first.messages[-1].content, second.messages[-1].content]
+
+    assert asyncio.run(two_runs()) == [RESULT, RESULT] and searches.queries == ["birthplace"] * 2
+    _trained(run, [_stitched(run, "autogen-1", [CALL_SEARCH, CALL_SEARCH])])
+
+
+def test_llamaindex_function_agent_and_chat_with_tools_on_their_defaults(run) -> None:
+    """LlamaIndex's ``OpenAILike`` (the class its docs give for OpenAI-compatible servers):
+    ``FunctionAgent`` as its quick start runs it, streamed, and ``chat_with_tools`` used
+    directly, whose default ``allow_parallel_tool_calls=False`` sends ``parallel_tool_calls:
+    false`` -- the reply then ends where its first call closes."""
+    _needs("llama_index.llms.openai_like")
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.tools import FunctionTool
+    from llama_index.llms.openai_like import OpenAILike
+
+    searches = Searches()
+    search = FunctionTool.from_defaults(_tool(searches))
+
+    def llm(sid: str) -> OpenAILike:
+        return OpenAILike(model=MODEL, api_base=run.url, api_key=TOKEN, is_chat_model=True,
+                          is_function_calling_model=True, temperature=0, max_retries=0,
+                          default_headers={"X-Session-Id": sid})
+
+    async def quick_start() -> str:
+        agent = FunctionAgent(tools=[search], llm=llm("llama-1"), system_prompt="Answer.")
+        return str(await agent.run(question(NAMES[4])))
+
+    assert asyncio.run(quick_start()).strip() == ANSWER
+
+    model = llm("llama-2")
+    history = [ChatMessage(role="user", content=question(NAMES[5]))]
+    reply = model.chat_with_tools([search], chat_history=history)
+    [call] = model.get_tool_calls_from_response(reply)
+    assert call.tool_name == "search"
+    history += [reply.message, ChatMessage(role="tool", content=searches(**call.tool_kwargs),
+                                           additional_kwargs={"tool_call_id": call.tool_id})]
+    assert model.chat_with_tools([search], chat_history=history).message.content == ANSWER
+    assert searches.queries == ["birthplace"] * 2
+    first = _stitched(run, "llama-1", [CALL_SEARCH, ANSWER])
+    [second] = _close(run, "llama-2")
+    assert second.live.ended_early == {0: "first_tool_call"}  # cut after the call: no end-of-turn
+    tok = run.gateway.service.engine.tokenizer
+    assert tok.decode(list(second.turns[0].action_ids)) == CALL_SEARCH
+    _trained(run, [first, second])
+
+
+def test_haystack_agent_with_openai_chat_generator(run) -> None:
+    """Haystack's ``Agent`` around ``OpenAIChatGenerator`` pointed at the endpoint
+    (``api_base_url``), a tool made from a function, as its agent tutorial builds them."""
+    _needs("haystack")
+    from haystack.components.agents import Agent
+    from haystack.components.generators.chat import OpenAIChatGenerator
+    from haystack.dataclasses import ChatMessage
+    from haystack.tools import create_tool_from_function
+    from haystack.utils import Secret
+
+    searches = Searches()
+    generator = OpenAIChatGenerator(model=MODEL, api_base_url=run.url, api_key=Secret.from_token(TOKEN),
+                                    generation_kwargs={"temperature": 0}, max_retries=0,
+                                    http_client_kwargs={"headers": {"X-Session-Id": "haystack-1"}})
+    agent = Agent(chat_generator=generator, tools=[create_tool_from_function(_tool(searches))], system_prompt="Answer.")
+    result = agent.run(messages=[ChatMessage.from_user(question(NAMES[0]))])
+    assert result["last_message"].text == ANSWER and searches.queries == ["birthplace"]
+    _trained(run, [_stitched(run, "haystack-1", [CALL_SEARCH, ANSWER])])
+
+
+def test_agno_agent_on_chat_completions_and_on_responses(run) -> None:
+    """Agno's ``Agent`` with ``OpenAILike`` (chat completions) and with ``OpenResponses`` (its
+    model for servers of the Responses API), each as its docs configure an OpenAI-compatible
+    server: base URL, key, model id."""
+    _needs("agno")
+    from agno.agent import Agent
+    from agno.models.openai.like import OpenAILike
+    from agno.models.openai.open_responses import OpenResponses
+
+    searches = Searches()
+    headers = lambda sid: {"X-Session-Id": sid}  # noqa: E731
+    models = {"agno-chat": OpenAILike(id=MODEL, base_url=run.url, api_key=TOKEN, temperature=0, max_retries=0,
+                                      default_headers=headers("agno-chat")),
+              "agno-responses": OpenResponses(id=MODEL, base_url=run.url, api_key=TOKEN, temperature=0,
+                                              max_retries=0, default_headers=headers("agno-responses"))}
+    for sid, model in models.items():
+        agent = Agent(model=model, tools=[_tool(searches)], instructions="Answer.", telemetry=False)
+        assert agent.run(question(NAMES[1])).content == ANSWER, sid
+    assert searches.queries == ["birthplace"] * 2
+    _trained(run, [_stitched(run, sid, [CALL_SEARCH, ANSWER]) for sid in models])
+
+
+NODE_DIR = Path(__file__).parent / "node"
+
+
+@pytest.fixture(scope="module")
+def node_openai() -> list[str]:
+    """``node tests/node/agent.mjs``, its pinned ``openai`` package installed by ``npm ci``
+    (package-lock.json) when missing; skipped, saying why, where node or the registry is not there."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed (apt-get install nodejs npm)")
+    if not (NODE_DIR / "node_modules" / "openai").exists():
+        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            pytest.skip(f"npm ci could not install the openai package: {done.stderr.strip()[-300:]}")
+    return ["node", str(NODE_DIR / "agent.mjs")]
+
+
+def test_the_openai_npm_package_from_node(run, node_openai) -> None:
+    """Another language's client: the openai npm package's chat completions (plain and streamed)
+    and Responses API (chained, plain and streamed), from Node, as its README uses them."""
+    done = subprocess.run([*node_openai, run.url, TOKEN, question(NAMES[2]), RESULT], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    served = json.loads(done.stdout)
+    for sid, got in served.items():
+        assert got["calls"] == [["search", '{"query": "birthplace"}']] and got["answer"] == ANSWER, sid
+    assert served["node-chat"]["finish"] == "tool_calls" and served["node-chat-stream"]["completion_tokens"] > 0
+    assert served["node-responses-stream"]["status"] == "completed"
+    assert served["node-responses-stream"]["final"] == ANSWER
+    _trained(run, [_stitched(run, sid, [CALL_SEARCH, ANSWER]) for sid in served])
 
 
 def test_what_frameworks_send_is_taken_only_where_it_changes_nothing() -> None:
