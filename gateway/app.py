@@ -65,9 +65,7 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
         # A bug or a dead engine: logged with its traceback, counted, and named to the client.
         log.error("gateway: %s failed", _route(request), exc_info=exc)
         metrics.requests.labels(_route(request), "500").inc()
-        return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}: {exc}",
-                                       "type": "server_error", "param": None, "code": None}},
-                            status_code=500)
+        return JSONResponse(server_error(exc), status_code=500)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -145,6 +143,12 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
     return app
 
 
+def server_error(exc: BaseException) -> dict[str, Any]:
+    """OpenAI's body for a failure of ours (a bug, a dead engine), naming it."""
+    return {"error": {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error",
+                      "param": None, "code": None}}
+
+
 def _route(request: Request) -> str:
     route = request.scope.get("route")
     return getattr(route, "path", "unmatched")
@@ -164,6 +168,11 @@ async def _sse(service: LiveService, call: Any, metrics: GatewayMetrics, t0: flo
     except GatewayError as exc:
         yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
         metrics.requests.labels("/v1/chat/completions", str(exc.status)).inc()
+        return
+    except Exception as exc:  # noqa: BLE001 - a dead engine mid-stream: OpenAI's error event, then the end
+        log.error("gateway: a stream failed", exc_info=exc)
+        yield b"data: " + json.dumps(server_error(exc)).encode() + b"\n\n"
+        metrics.requests.labels("/v1/chat/completions", "500").inc()
         return
     yield b"data: [DONE]\n\n"
     _served(metrics, "/v1/chat/completions", call, t0, True)

@@ -450,8 +450,16 @@ class Delta(_Wire):
     _omit_if_none = frozenset({"role", "content", "tool_calls", "reasoning_content"})
     role: Literal["assistant"] | None = None
     content: str | None = None
+    """Absent when None, but on the first delta (the one with ``role``), which carries it as
+    OpenAI does: ``""`` before text, null before a tool call."""
     tool_calls: list[DeltaToolCall] | None = None
     reasoning_content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _first_keeps_content(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        keep = {"content"} if self.role is not None else set()
+        return {k: v for k, v in data.items() if not (k in self._omit_if_none - keep and v is None)}
 
 
 class ChunkChoice(_Wire):
@@ -462,15 +470,24 @@ class ChunkChoice(_Wire):
 
 
 class ChatCompletionChunk(_Wire):
-    _omit_if_none = frozenset({"usage"})
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
-    """Only on the final chunk (empty ``choices``) when ``stream_options.include_usage``."""
+    """Set on the final chunk (empty ``choices``) when ``stream_options.include_usage``; every
+    other chunk of such a stream carries it as null (``usage_field``), OpenAI's documented shape."""
     system_fingerprint: str | None = None
+    usage_field: bool = Field(False, exclude=True)
+    """The stream asked for usage: ``usage`` is sent even when null."""
+
+    @model_serializer(mode="wrap")
+    def _usage_when_asked(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("usage") is None and not self.usage_field:
+            data.pop("usage", None)
+        return data
 
 
 class ModelCard(_Wire):

@@ -31,12 +31,13 @@ from gateway.toolcalls import AssistantReply, split_action, tool_call_id
 from rollout.chat import StreamDecoder, decode_action
 
 
-def openai_finish(engine_reason: str, reply: AssistantReply) -> OpenAIFinish:
+def openai_finish(engine_reason: str, reply: AssistantReply, named_tool: bool = False) -> OpenAIFinish:
     """``length`` when cut by the token limit or aborted (the text is unfinished either way),
-    else ``tool_calls`` when the message calls tools, else ``stop``."""
+    else ``tool_calls`` when the message calls tools, else ``stop``. A call the request named
+    (``tool_choice`` a function) finishes ``stop``, as OpenAI's does."""
     if engine_reason in ("length", "abort"):
         return "length"
-    return "tool_calls" if reply.wire else "stop"
+    return "tool_calls" if reply.wire and not named_tool else "stop"
 
 
 def token_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
@@ -125,7 +126,7 @@ def _reply(tokenizer: Any, token_ids: Sequence[int], completion_id: str, index: 
 def chat_completion(tokenizer: Any, completion_id: str, model: str, created: int, prompt_len: int,
                     completions: Sequence[Any], tools_enabled: bool, logprobs: bool,
                     chat_format: str | ChatFormat = DEFAULT_FORMAT,
-                    stops: Sequence[str] = ()) -> tuple[ChatCompletion, list[AssistantReply]]:
+                    stops: Sequence[str] = (), named_tool: bool = False) -> tuple[ChatCompletion, list[AssistantReply]]:
     """The response to a non-streamed request, and each choice's reply (for the recorder).
     ``completions`` are engine completions (token_ids, logprobs, finish_reason, version_spans)."""
     choices, replies = [], []
@@ -134,7 +135,7 @@ def chat_completion(tokenizer: Any, completion_id: str, model: str, created: int
         lps = ChoiceLogprobs(content=token_logprobs(tokenizer, comp.token_ids, comp.logprobs, comp.top)) \
             if logprobs else None
         choices.append(Choice(index=i, message=reply.message(), logprobs=lps,
-                              finish_reason=openai_finish(comp.finish_reason, reply)))
+                              finish_reason=openai_finish(comp.finish_reason, reply, named_tool)))
         replies.append(reply)
     generated = sum(len(c.token_ids) for c in completions)
     response = ChatCompletion(
@@ -149,7 +150,9 @@ class ChoiceStream:
     """Turns one choice's streamed tokens into chunk choices."""
 
     def __init__(self, tokenizer: Any, completion_id: str, index: int, tools_enabled: bool,
-                 logprobs: bool, chat_format: str | ChatFormat = DEFAULT_FORMAT, stops: Sequence[str] = ()) -> None:
+                 logprobs: bool, chat_format: str | ChatFormat = DEFAULT_FORMAT, stops: Sequence[str] = (),
+                 named_tool: bool = False) -> None:
+        self.named_tool = named_tool
         self.tokenizer = tokenizer
         self.stops = list(stops)
         """Stop strings: text that could still become one is held back, and none goes out."""
@@ -167,50 +170,59 @@ class ChoiceStream:
 
     def push(self, token_ids: Sequence[int], logprobs: Sequence[float],
              top: Sequence[Sequence[tuple[int, float]]] = ()) -> list[ChunkChoice]:
-        """New tokens -> zero or one chunk choice (the first carries ``role``)."""
+        """New tokens -> the chunk choices they decide (none while text is held back)."""
         self.token_ids += token_ids
         self.token_logprobs += logprobs
         text, stopped = cut_at_stop(self.decoder.push(list(token_ids)), self.stops)
         if not stopped and self.stops:
             text = text[:len(text) - max(partial_suffix(text, s) for s in self.stops)]
-        delta = self._delta(self.parser.feed(text))
+        deltas = self._deltas(self.parser.feed(text))
         lps = self._logprobs(token_ids, logprobs, top) if self.logprobs else None
-        if delta is None and not lps and self._started:
+        if not deltas and not lps:
             return []
-        return [self._chunk(delta or Delta(), lps)]
+        return self._chunks(deltas or [Delta()], lps)
 
     def finish(self, engine_reason: str) -> tuple[list[ChunkChoice], AssistantReply]:
         """The closing chunk choices (what was held back, the finish reason) and the reply."""
         reply = _reply(self.tokenizer, self.token_ids, self.completion_id, self.index, self.tools_enabled,
                        self.format, self.stops)
-        out: list[ChunkChoice] = []
-        delta = self._delta(self.parser.feed(cut_at_stop(reply.text, self.stops)[0], final=True))
-        if delta is not None:
-            out.append(self._chunk(delta))
-        out.append(self._chunk(Delta(), finish=openai_finish(engine_reason, reply)))
+        rest = self._deltas(self.parser.feed(cut_at_stop(reply.text, self.stops)[0], final=True))
+        out = self._chunks(rest) if rest else []
+        out += self._chunks([Delta()])
+        out[-1].finish_reason = openai_finish(engine_reason, reply, self.named_tool)
         return out, reply
 
-    def _delta(self, parsed: StreamDelta) -> Delta | None:
-        if parsed.empty():
-            return None
-        calls = []
+    def _deltas(self, parsed: StreamDelta) -> list[Delta]:
+        """The chunks' deltas, as OpenAI streams them: text (content, reasoning) in one, then per
+        call its start (index, id, type, name, ``arguments: ""``) in one and each fragment of its
+        arguments in one."""
+        out = []
+        if parsed.content or parsed.reasoning:
+            out.append(Delta(content=parsed.content or None, reasoning_content=parsed.reasoning or None))
         for c in parsed.calls:
-            if c.name is not None:  # the call's first delta: index, id, type, name
-                calls.append(DeltaToolCall(index=c.index, id=tool_call_id(self.completion_id, self.index, c.index),
-                                           type="function", function=DeltaFunction(name=c.name, arguments=c.arguments)))
-            else:
-                calls.append(DeltaToolCall(index=c.index, function=DeltaFunction(arguments=c.arguments)))
-        return Delta(content=parsed.content or None, reasoning_content=parsed.reasoning or None,
-                     tool_calls=calls or None)
+            if c.name is not None:  # the call's first delta
+                call_id = tool_call_id(self.completion_id, self.index, c.index)
+                out.append(Delta(tool_calls=[DeltaToolCall(index=c.index, id=call_id, type="function",
+                                                           function=DeltaFunction(name=c.name, arguments=""))]))
+            if c.arguments:
+                out.append(Delta(tool_calls=[DeltaToolCall(index=c.index, function=DeltaFunction(arguments=c.arguments))]))
+        return out
 
     def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float],
                   top: Sequence[Sequence[tuple[int, float]]]) -> ChoiceLogprobs | None:
         entries = token_logprobs(self.tokenizer, token_ids, logprobs, top)
         return ChoiceLogprobs(content=entries) if entries else None
 
-    def _chunk(self, delta: Delta, lps: ChoiceLogprobs | None = None,
-               finish: OpenAIFinish | None = None) -> ChunkChoice:
+    def _chunks(self, deltas: list[Delta], lps: ChoiceLogprobs | None = None) -> list[ChunkChoice]:
+        """Chunk choices of ``deltas`` (the log-probs on the first). The stream opens as OpenAI's
+        does: a text reply with ``{"role": "assistant", "content": ""}`` on a chunk of its own, a
+        reply that begins with a call with ``role`` and ``content: null`` on the call's first delta."""
+        out = []
         if not self._started:
-            delta.role, self._started = "assistant", True
-            delta.content = delta.content or ("" if delta.tool_calls is None else None)
-        return ChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=lps)
+            self._started = True
+            if deltas[0].tool_calls is not None:
+                deltas[0].role = "assistant"
+            else:
+                out.append(ChunkChoice(index=self.index, delta=Delta(role="assistant", content="")))
+        out += [ChunkChoice(index=self.index, delta=d, logprobs=lps if k == 0 else None) for k, d in enumerate(deltas)]
+        return out

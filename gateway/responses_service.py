@@ -17,6 +17,7 @@ naming ``previous_response_id``.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -27,6 +28,8 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.responses_output import OutputBuilder, usage
 from gateway.responses_wire import ResponsesRequest, parse_responses_request, responses_param, to_chat_body
 from gateway.service import LiveService
+
+log = logging.getLogger(__name__)
 
 
 class ResponseNotFound(GatewayError):
@@ -137,6 +140,11 @@ class ResponsesService:
                     yield event
         except GatewayError as exc:
             yield numbered([{"type": "error", "code": exc.code, "message": str(exc), "param": exc.param}])[0]
+            return
+        except Exception as exc:  # noqa: BLE001 - a dead engine mid-stream: the error event ends it
+            log.error("gateway: a response stream failed", exc_info=exc)
+            yield numbered([{"type": "error", "code": "server_error", "param": None,
+                             "message": f"internal error: {type(exc).__name__}: {exc}"}])[0]
             return
         response = self._response(rc, builder, finish, rc.chat.completion_tokens)
         self._keep(rc, message, response)

@@ -35,8 +35,8 @@ from gateway.config import LiveConfig
 from gateway.constraints import GUIDED, Guide, guide_for
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.feedback import apply_feedback
-from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, Usage, \
-    parse_chat_request
+from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, NamedToolChoice, \
+    Usage, parse_chat_request
 from gateway.responses import ChoiceStream, FirstCallWatch, StopWatch, chat_completion
 from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
 from gateway.toolcalls import template_messages, thinking_off_ids
@@ -104,6 +104,15 @@ class _Call:
     @property
     def one_call(self) -> bool:
         return self.req.parallel_tool_calls is False and bool(self.prepared.tools)
+
+    @property
+    def named_tool(self) -> bool:
+        """``tool_choice`` names a function: its call finishes ``stop``, as OpenAI's does."""
+        return isinstance(self.req.tool_choice, NamedToolChoice)
+
+    @property
+    def usage_asked(self) -> bool:
+        return self.req.stream_options is not None and self.req.stream_options.include_usage
 
 
 class LiveService:
@@ -202,7 +211,7 @@ class LiveService:
         response, replies = chat_completion(
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
             len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format,
-            call.req.stop_list())
+            call.req.stop_list(), call.named_tool)
         self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call),
                                                       call.ended_early.get(0)))
         call.completion_tokens = response.usage.completion_tokens
@@ -213,7 +222,7 @@ class LiveService:
         A consumer that stops early aborts the engine requests and records nothing."""
         tok, n = self.engine.tokenizer, call.params.n
         outs = [ChoiceStream(tok, call.completion_id, i, bool(call.prepared.tools), call.req.logprobs,
-                             self.chat_format, call.req.stop_list()) for i in range(n)]
+                             self.chat_format, call.req.stop_list(), call.named_tool) for i in range(n)]
         comps = [Completion.empty(f"{call.completion_id}-{i}") for i in range(n)]
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -237,8 +246,8 @@ class LiveService:
                     closing, _ = outs[i].finish(chunk.finish_reason)
                     choices += closing
                     finished += 1
-                if choices:
-                    yield self._chunk(call, choices)
+                for choice in choices:  # one choice delta per chunk, as OpenAI streams
+                    yield self._chunk(call, [choice])
         except BaseException:
             self._episodes["client_disconnected"] += finished < n
             raise
@@ -249,7 +258,7 @@ class LiveService:
         self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call),
                                                       call.ended_early.get(0)))
         call.completion_tokens = sum(len(c.token_ids) for c in comps)
-        if call.req.stream_options is not None and call.req.stream_options.include_usage:
+        if call.usage_asked:
             done = sum(len(c.token_ids) for c in comps)
             p = len(call.prepared.prompt_ids)
             yield ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
@@ -289,7 +298,7 @@ class LiveService:
 
     def _chunk(self, call: _Call, choices: list[Any]) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=call.completion_id, created=call.created, model=self.cfg.model_name,
-                                   choices=choices)
+                                   choices=choices, usage_field=call.usage_asked)
 
     async def models(self) -> dict[str, Any]:
         """The policy, with the weights version every engine serves now (the lowest of the

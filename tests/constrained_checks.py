@@ -81,7 +81,12 @@ def served_checks(base: str, engine: str, messages: list[dict]) -> dict[str, Any
     named = _call(client, "c-named", messages, tools=[SEARCH, FINAL],
                   tool_choice={"type": "function", "function": {"name": "final_answer"}}).choices[0]
     assert [c.function.name for c in named.message.tool_calls] == ["final_answer"]
+    assert named.finish_reason == "stop"  # a call the request named finishes stop, as OpenAI's does
     _valid_call(named.message.tool_calls[0])
+    named_stream = [c for c in _call(client, "c-named-stream", messages, tools=[SEARCH, FINAL], stream=True,
+                                     tool_choice={"type": "function", "function": {"name": "search"}}) if c.choices]
+    assert named_stream[0].choices[0].delta.role == "assistant" and named_stream[0].choices[0].delta.tool_calls
+    assert named_stream[-1].choices[0].finish_reason == "stop"
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
     content = _call(client, "c-json", messages, response_format=fmt).choices[0].message.content
     jsonschema.validate(json.loads(content), CITY)
@@ -148,7 +153,8 @@ def recorded_checks(rows: list[dict], served: dict[str, Any], tokenizer: Any, en
         return
     want = {"c-req": {0: "tool_choice_required"}, "c-named": {0: "tool_choice_named"},
             "c-json": {0: "response_format_json_schema"}, "c-stream": {0: "tool_choice_required"},
-            "c-stop": {}, "c-lc": {0: "response_format_json_schema"}, "c-bias": {0: "logit_bias"}}
+            "c-stop": {}, "c-lc": {0: "response_format_json_schema"}, "c-bias": {0: "logit_bias"},
+            "c-named-stream": {0: "tool_choice_named"}}
     assert {sid: trajs[sid].live.constrained for sid in want} == want
     assert trajs["c-pyd"].live.constrained[0] == "tool_choice_required"
     req = trajs["c-req"]  # the call went back and the session went on in one segment, unconstrained
