@@ -40,8 +40,8 @@ class Answer(BaseModel):
     city: str = Field(max_length=16)
 
 
-def _call(client: openai.OpenAI, sid: str, messages: list[dict], **kw: Any) -> Any:
-    return client.chat.completions.create(model=MODEL, messages=messages, seed=0, max_tokens=128,
+def _call(client: openai.OpenAI, sid: str, messages: list[dict], max_tokens: int = 128, **kw: Any) -> Any:
+    return client.chat.completions.create(model=MODEL, messages=messages, seed=0, max_tokens=max_tokens,
                                           extra_headers={"X-Session-Id": sid}, **kw)
 
 

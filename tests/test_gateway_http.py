@@ -24,14 +24,15 @@ TOKEN = "tok-live-test"
 class Served:
     """A gateway on its own event loop thread (as in its Ray actor), reachable over HTTP."""
 
-    def __init__(self, cfg: LiveConfig, policy: str, ports=None, early_judge: bool = False, engine=None) -> None:
+    def __init__(self, cfg: LiveConfig, policy: str, ports=None, early_judge: bool = False, engine=None,
+                 chat_format: str = "hermes") -> None:
         """``engine``: the engine client (default: an HF engine in this process)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.ports = ports
         self.gateway = LiveGateway(cfg, engine or local_client(HFEngineConfig(), policy), ports, run_id="t1",
-                                   early_judge=early_judge)
+                                   early_judge=early_judge, chat_format=chat_format)
         self.url = self.call(self.gateway.start())
 
     def call(self, coro):

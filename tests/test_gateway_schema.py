@@ -204,9 +204,27 @@ def test_names_n_seed_limits_stop_user_and_usage(served, client) -> None:
     assert json.loads(none.model_dump_json())["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_reasoning_effort_turns_thinking_off_in_a_reasoning_format(served) -> None:
-    tok = served.gateway.service.engine.tokenizer
-    off = thinking_off_ids(tok, "qwen3", "none")
-    assert tok.decode(off) == "<think>\n\n</think>\n\n"
-    assert thinking_off_ids(tok, "qwen3", "minimal") == off
-    assert thinking_off_ids(tok, "qwen3", "high") == [] and thinking_off_ids(tok, "hermes", "none") == []
+def test_reasoning_effort_turns_thinking_off_in_a_reasoning_format(agent_policy) -> None:
+    """Served in the ``qwen3`` format: ``none`` opens the reply with the empty think block (in the
+    recorded prompt, so the record stays exact), a next turn stitches on; ``high`` leaves it out."""
+    served = Served(LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=8), agent_policy[0], chat_format="qwen3")
+    try:
+        tok = served.gateway.service.engine.tokenizer
+        off = thinking_off_ids(tok, "qwen3", "none")
+        assert tok.decode(off) == "<think>\n\n</think>\n\n" and thinking_off_ids(tok, "qwen3", "minimal") == off
+        assert thinking_off_ids(tok, "qwen3", "high") == [] and thinking_off_ids(tok, "hermes", "none") == []
+        client = openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0)
+        kw = {"model": MODEL, "temperature": 0, "extra_headers": {"X-Session-Id": "think-off"}}
+        first = client.chat.completions.create(messages=USER, reasoning_effort="none", **kw)
+        assert getattr(first.choices[0].message, "reasoning_content", None) is None
+        traj = _segment(served, "think-off")
+        assert list(traj.prompt_ids[-len(off):]) == off
+        follow = [*USER, first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
+        client.chat.completions.create(messages=follow, reasoning_effort="none", **kw)
+        traj = _segment(served, "think-off")
+        assert len(traj.turns) == 2 and list(traj.turns[0].observation_ids[-len(off):]) == off
+        client.chat.completions.create(messages=USER, reasoning_effort="high", model=MODEL, max_tokens=4,
+                                       extra_headers={"X-Session-Id": "think-on"})
+        assert list(_segment(served, "think-on").prompt_ids[-len(off):]) != off
+    finally:
+        served.close()

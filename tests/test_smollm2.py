@@ -148,3 +148,48 @@ def test_one_rl_step_trains_a_rollout_group_and_a_live_session(smollm2: Path, ra
     # the final checkpoint is a Hugging Face folder of the same (tied) model
     state = json.loads((run_dir / "state.json").read_text())
     assert json.loads((Path(state["hf_path"]) / "config.json").read_text())["tie_word_embeddings"] is True
+
+
+@pytest.mark.slow
+def test_smollm2_on_vllm_serves_chat_and_responses_exactly(smollm2: Path) -> None:
+    """The live endpoint on the real model and the vLLM engine (in this process): a chat turn
+    with the sampler fields (``top_logprobs``, ``logit_bias``) and a Responses chain
+    (``previous_response_id``, then streamed), each recorded token-exact."""
+    from gateway.config import LiveConfig
+    from rollout.config import VLLMEngineConfig
+    from rollout.engines import local_client
+    from tests.test_gateway_http import TOKEN, Served
+
+    engine = local_client(VLLMEngineConfig(dtype="float32", max_model_len=2048), str(smollm2))
+    served = Served(LiveConfig(enabled=True, tokens=[TOKEN], default_max_tokens=24), str(smollm2), engine=engine)
+    try:
+        client = openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0, timeout=300)
+        tok = engine.tokenizer
+        forced = tok(" Paris", add_special_tokens=False)["input_ids"][0]
+        chat = client.chat.completions.create(
+            model="turnrl-policy", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, logit_bias={str(forced): 100},
+            extra_headers={"X-Session-Id": "smol-chat"})
+        entries = chat.choices[0].logprobs.content
+        assert [e.token for e in entries] == [tok.decode([forced])] * 6 and all(len(e.top_logprobs) == 3 for e in entries)
+        [seg] = served.gateway.service.recorder.segments("smol-chat")
+        assert list(seg.trajectory.turns[0].action_ids) == [forced] * 6
+        assert seg.trajectory.live.constrained == {0: "logit_bias"}
+
+        first = client.responses.create(model="turnrl-policy", instructions="Answer in one word.",
+                                        input="What is the capital of France?", temperature=0,
+                                        extra_headers={"X-Session-Id": "smol-resp"})
+        # instructions are not carried down a chain (OpenAI's rule): a client sends them again
+        events = list(client.responses.create(model="turnrl-policy", previous_response_id=first.id, temperature=0,
+                                              instructions="Answer in one word.", input="And of Italy?", stream=True))
+        assert events[0].type == "response.created" and events[-1].type in ("response.completed",
+                                                                            "response.incomplete")
+        [seg] = served.gateway.service.recorder.segments("smol-resp")
+        turns = seg.trajectory.turns
+        assert len(turns) == 2  # chained: one session, the second turn stitched in token space
+        assert tok.decode(turns[0].action_ids, skip_special_tokens=True).strip() == first.output_text.strip()
+        streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert tok.decode(turns[1].action_ids, skip_special_tokens=True).strip() == streamed.strip()
+    finally:
+        served.call(engine.engine.close())
+        served.close()
