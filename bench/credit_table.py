@@ -78,11 +78,13 @@ class CellResult:
 
 
 def load_cells(out: Path) -> list[CellResult]:
-    """Every cell of ``out`` whose command ended well, in (method, seed) order."""
+    """Every cell of ``out`` whose command ended well, in (method, seed) order; cells set aside
+    for running loaded (``<cell>.loaded-<n>``) are not read."""
     from bench.credit import cells_dir, is_done
 
     found = []
-    for run_dir in sorted(p for p in cells_dir(out).glob("*-s*") if p.is_dir() and is_done(p)):
+    for run_dir in sorted(p for p in cells_dir(out).glob("*-s*[0-9]") if p.is_dir() and is_done(p)
+                          and ".loaded-" not in p.name):
         info = json.loads((run_dir / "cell.json").read_text())
         if info.get("tag"):  # a tuning cell (``bench/credit.py tune``): not part of the comparison
             continue
