@@ -213,7 +213,7 @@ class LiveService:
             len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format,
             call.req.stop_list(), call.named_tool)
         self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call),
-                                                      call.ended_early.get(0)))
+                                                      [call.ended_early.get(i) for i in range(len(comps))]))
         call.completion_tokens = response.usage.completion_tokens
         return response.wire()
 
@@ -256,7 +256,7 @@ class LiveService:
                 t.cancel()
         replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
         self._judge_followed(self.recorder.record(call.prepared, comps, replies, self._constrained(call),
-                                                      call.ended_early.get(0)))
+                                                      [call.ended_early.get(i) for i in range(len(comps))]))
         call.completion_tokens = sum(len(c.token_ids) for c in comps)
         if call.usage_asked:
             done = sum(len(c.token_ids) for c in comps)

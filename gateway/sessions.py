@@ -129,6 +129,8 @@ class _Choice:
     finish_reason: str
     action_ended: bool
     message: dict[str, Any]
+    ended_early: str | None = None
+    """Why the server cut this choice's sampling (``LiveOrigin.ended_early``), if it did."""
 
 
 @dataclass
@@ -261,14 +263,14 @@ class SessionRecorder:
 
     def record(self, prepared: PreparedPrompt, completions: Sequence[SampledCompletion],
                replies: Sequence[AssistantReply], constrained: str | None = None,
-               ended_early: str | None = None) -> tuple[LiveSegment, int] | None:
+               ended_early: Sequence[str | None] = ()) -> tuple[LiveSegment, int] | None:
         """Store a request's sampled choices (``replies[i]`` is what choice ``i`` returned);
         ``constrained``: what reshaped the distribution they were sampled from (a grammar,
         ``gateway.constraints``; logit bias; penalties), kept as ``LiveOrigin.constrained`` of
-        the turn; ``ended_early``: why the recorded choice's sampling was cut short
-        (``LiveOrigin.ended_early``). Returns the segment and the index of the
-        turn whose next state (tool result, user reply) this request brought, when it was
-        stitched on; else None."""
+        the turn; ``ended_early``: per choice, why its sampling was cut short, if it was
+        (``LiveOrigin.ended_early`` of the turn, for the choice the segment holds). Returns the
+        segment and the index of the turn whose next state (tool result, user reply) this
+        request brought, when it was stitched on; else None."""
         if not completions or len(completions) != len(replies):
             raise ValueError(f"record needs one reply per completion ({len(completions)} completions, "
                              f"{len(replies)} replies)")
@@ -277,9 +279,10 @@ class SessionRecorder:
         if session is None:  # closed while this request was sampled: keep what was served all the same
             session = self.open(prepared.session_id)
         eos = self.tokenizer.eos_token_id
+        cuts = list(ended_early) + [None] * (len(completions) - len(ended_early))
         choices = [_Choice(_turn_from_completion(c, r), c.finish_reason,
-                           bool(c.token_ids) and c.token_ids[-1] == eos, r.template_message())
-                   for c, r in zip(completions, replies)]
+                           bool(c.token_ids) and c.token_ids[-1] == eos, r.template_message(), cut)
+                   for c, r, cut in zip(completions, replies, cuts)]
         followed = None
         if reopened:
             self._open_segment(session, prepared.prompt_ids, "closed_in_flight")
@@ -295,8 +298,7 @@ class SessionRecorder:
         if constrained is not None and seg.trajectory.live is not None:
             seg.trajectory.live.constrained[len(seg.trajectory.turns) - 1] = constrained
             self._counters["constrained"] += 1
-        if ended_early is not None and seg.trajectory.live is not None:
-            seg.trajectory.live.ended_early[len(seg.trajectory.turns) - 1] = ended_early
+
         self._counters["requests"] += 1
         self._counters["unchosen_choices"] += len(choices) - 1
         session.last = _Last(prepared.prompt_ids, prepared.messages, prepared.tools, choices)
@@ -334,8 +336,15 @@ class SessionRecorder:
 
 
 def _append(seg: LiveSegment, choice: _Choice) -> None:
+    """The choice as the segment's last turn (replacing a sibling choice there: ``_continue_segment``)."""
     seg.trajectory.turns.append(choice.turn.model_copy(deep=True))
     seg.finish_reasons.append(choice.finish_reason)
+    live, t = seg.trajectory.live, len(seg.trajectory.turns) - 1
+    if live is not None:
+        if choice.ended_early is not None:
+            live.ended_early[t] = choice.ended_early
+        else:
+            live.ended_early.pop(t, None)
 
 
 def _continued_choice(last: _Last, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:

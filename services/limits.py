@@ -44,6 +44,7 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "ToolUseConfig.num_train_tasks", "ToolUseConfig.num_heldout_tasks", "HouseholdConfig.num_train_tasks",
         "HouseholdConfig.num_heldout_tasks", "EvalConfig.num_tasks", "EvalConfig.bootstrap_resamples",
         "BfclConfig.max_tasks_per_category", "MatchConfig.sinkhorn_iters", "TrajectoryBalanceConfig.max_tasks", "LiveConfig.max_sessions",
+        "LiveConfig.max_kept_responses",
         "PRMTrainConfig.num_tasks", "PRMTrainConfig.heldout_tasks")},
     **{f: ("max_threads", 1) for f in (
         "RolloutConfig.torch_threads", "HFEngineConfig.torch_threads", "VLLMEngineConfig.torch_threads",
