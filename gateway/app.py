@@ -5,7 +5,8 @@
 ``GET /v1/responses/{id}``, ``GET /v1/models``, ``POST /v1/sessions/{id}/feedback``, ``POST /v1/sessions/{id}/end``,
 ``GET /metrics`` (Prometheus, no auth, like every exporter) and ``GET /healthz``. Errors use
 OpenAI's body (``{"error": {"message", "type", "param", "code"}}``) with the status the error
-carries: 400 bad parameter, 401 bad token, 404 unknown session, 409 ended session, 429 full.
+carries: 400 bad parameter, 401 bad token, 404 unknown session, 409 ended session, 429 full
+(replay's live budget, or every admission slot taken: ``gateway.admission``; ``Retry-After`` set).
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.responses_service import ResponsesService
-from gateway.service import LiveService, Overloaded
+from gateway.service import LiveService
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class Unauthorized(GatewayError):
 
 
 def _error(exc: GatewayError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
@@ -47,13 +49,15 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
     app.state.metrics = metrics
     responses = ResponsesService(service)
 
-    def check(request: Request) -> None:
+    def check(request: Request) -> str:
+        """The request's bearer token, checked ("" when the endpoint takes none)."""
         if not tokens:
-            return
+            return ""
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.encode(), t) for t in tokens):
             raise Unauthorized()
+        return token
 
     @app.exception_handler(GatewayError)
     async def _on_gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -67,39 +71,41 @@ def build_app(service: LiveService, run: str = "") -> FastAPI:
         metrics.requests.labels(_route(request), "500").inc()
         return JSONResponse(server_error(exc), status_code=500)
 
+    async def serve(request: Request, route: str, open_call: Callable, complete: Callable, events: Callable,
+                    chat_of: Callable = lambda call: call) -> Response:
+        """One request, holding an admission slot (``gateway.admission``) until its last byte."""
+        token = check(request)
+        service.admission.take(token)
+        streaming = False
+        try:
+            t0 = time.perf_counter()
+            try:
+                body = await request.json()
+            except ValueError:
+                raise _BadJson() from None
+            call = await open_call(body, request.headers.get("x-session-id"))
+            metrics.tokens.labels("prompt").inc(len(chat_of(call).prepared.prompt_ids))
+            if not call.req.stream:
+                out = await complete(call)
+                _served(metrics, route, chat_of(call), t0, False)
+                return JSONResponse(out)
+            streaming = True
+            return StreamingResponse(events(call, metrics, t0), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"},
+                                     background=BackgroundTask(service.admission.give, token))
+        finally:
+            if not streaming:
+                service.admission.give(token)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        check(request)
-        t0 = time.perf_counter()
-        try:
-            body = await request.json()
-        except ValueError:
-            raise _BadJson() from None
-        call = await service.open_call(body, request.headers.get("x-session-id"))
-        metrics.tokens.labels("prompt").inc(len(call.prepared.prompt_ids))
-        if not call.req.stream:
-            out = await service.complete(call)
-            _served(metrics, "/v1/chat/completions", call, t0, False)
-            return JSONResponse(out)
-        return StreamingResponse(_sse(service, call, metrics, t0), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return await serve(request, "/v1/chat/completions", service.open_call, service.complete,
+                           lambda call, m, t0: _sse(service, call, m, t0))
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
-        check(request)
-        t0 = time.perf_counter()
-        try:
-            body = await request.json()
-        except ValueError:
-            raise _BadJson() from None
-        call = await responses.open(body, request.headers.get("x-session-id"))
-        metrics.tokens.labels("prompt").inc(len(call.chat.prepared.prompt_ids))
-        if not call.req.stream:
-            out = await responses.complete(call)
-            _served(metrics, "/v1/responses", call.chat, t0, False)
-            return JSONResponse(out)
-        return StreamingResponse(_response_events(responses, call, metrics, t0), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return await serve(request, "/v1/responses", responses.open, responses.complete,
+                           lambda call, m, t0: _response_events(responses, call, m, t0), lambda call: call.chat)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> JSONResponse:

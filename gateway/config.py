@@ -52,6 +52,14 @@ class LiveConfig(BaseModel):
     """Open sessions kept; past this the least recently active one is closed (counted as
     ``evicted``): submitted when it has feedback, else treated as if it had timed out
     (``on_timeout``), so memory stays bounded."""
+    max_concurrent: int = Field(256, ge=1)
+    """Requests served at once (from parse to a stream's last byte), all clients together; one
+    more is answered 429 with ``Retry-After: retry_after_s`` at once, before any engine work."""
+    max_concurrent_per_token: int | None = Field(None, ge=1)
+    """The same, per bearer token (each client's share); None: only ``max_concurrent``."""
+    stream_stall_timeout_s: float = Field(30.0, gt=0)
+    """A stream whose client has read nothing for this long is ended: its engine requests are
+    aborted (their batch rows freed), nothing is recorded, it is counted (``client_stalled``)."""
     max_kept_responses: int = Field(10_000, ge=1)
     """Responses API responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``
     (each holds only what it added to its conversation); past this the least recently used goes."""

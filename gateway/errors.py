@@ -18,6 +18,8 @@ class GatewayError(Exception):
     kind = "invalid_request_error"
     code: str | None = None
     """OpenAI's machine-readable ``code`` (``model_not_found`` ...); None where OpenAI sends null."""
+    retry_after_s: int | None = None
+    """Sent as ``Retry-After`` (a 429: try again in this many seconds)."""
 
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(f"{param}: {message}" if param else message)

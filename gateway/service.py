@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
 from envs.formats import DEFAULT_FORMAT
+from gateway.admission import Admission
 from gateway.config import LiveConfig
 from gateway.constraints import GUIDED, Guide, guide_for
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
@@ -47,12 +48,14 @@ from rollout.trajectory import Group, Trajectory
 log = logging.getLogger(__name__)
 
 EPISODE_RESULTS = ("recorded", "shed", "not_trained", "dropped_no_feedback", "dropped_unscorable",
-                   "dropped_run_ended", "submit_failed", "client_disconnected")
+                   "dropped_run_ended", "submit_failed", "client_disconnected", "client_stalled")
 """What became of each closed segment: ``recorded`` into replay, ``shed`` (replay refused it:
 full, stale), ``not_trained`` (the run trains on rollouts only: kept in live_sessions.jsonl),
 dropped (no feedback and ``on_timeout: drop``; no feedback and no source that scores without
 it; the run stopped first), ``submit_failed`` (the reward service raised; logged). And per
-request: ``client_disconnected`` (a stream abandoned before its end, nothing recorded)."""
+request: ``client_disconnected`` (a stream abandoned before its end, nothing recorded),
+``client_stalled`` (a stream whose client read nothing for ``stream_stall_timeout_s``: ended,
+its engine requests aborted, nothing recorded)."""
 CLOSE_CAUSES = ("ended", "feedback_idle", "timed_out", "evicted", "run_ended")
 """Why a session closed: ``/end`` after (or before) feedback, ``close_after_feedback_s`` idle
 after feedback, ``feedback_timeout_s`` idle, ``max_sessions`` needed the room, the run stopped."""
@@ -66,6 +69,48 @@ class Overloaded(GatewayError):
     def __init__(self, retry_after_s: int) -> None:
         super().__init__(None, "the run's replay budget for live traffic is full; retry later")
         self.retry_after_s = retry_after_s
+
+
+class ClientStalled(GatewayError):
+    """The client read nothing of a stream for ``stream_stall_timeout_s``: the stream ended."""
+
+    status = 408
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(None, f"the client read nothing of this stream for {timeout_s:g} s; it was ended "
+                               "and its engine requests aborted (live.stream_stall_timeout_s)")
+
+
+class _StallWatch:
+    """Ends a stream's engine work when its client stops reading: while a chunk waits to be
+    taken (the consumer is suspended at ``yield``, held by the HTTP layer's back-pressure) for
+    longer than ``timeout_s``, the stream's engine tasks are cancelled -- their requests aborted,
+    the batch rows freed -- and the consumer raises ``ClientStalled`` when it is resumed."""
+
+    def __init__(self, timeout_s: float, tasks: list[asyncio.Task]) -> None:
+        self.timeout_s, self.tasks = timeout_s, tasks
+        self.since: float | None = None  # when the chunk now waiting was handed out
+        self.stalled = False
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    @contextlib.contextmanager
+    def sending(self):  # type: ignore[no-untyped-def]
+        self.since = time.monotonic()
+        yield
+        self.since = None
+        if self.stalled:
+            raise ClientStalled(self.timeout_s)
+
+    async def _watch(self) -> None:
+        while not self.stalled:
+            await asyncio.sleep(self.timeout_s / 4)
+            if self.since is not None and time.monotonic() - self.since > self.timeout_s:
+                self.stalled = True
+                for t in self.tasks:
+                    t.cancel()
+
+    def close(self) -> None:
+        self._task.cancel()
 
 
 class LivePorts(Protocol):
@@ -136,6 +181,7 @@ class LiveService:
         self._pending: set[asyncio.Task] = set()
         self._features: frozenset[str] | None = None
         """The engines' ``features``, asked once (the first request that needs one)."""
+        self.admission = Admission(cfg.max_concurrent, cfg.max_concurrent_per_token, cfg.retry_after_s)
 
     # -- chat ------------------------------------------------------------------------------
     async def open_call(self, body: Any, session_header: str | None) -> _Call:
@@ -234,6 +280,7 @@ class LiveService:
                 await queue.put((i, exc))
 
         tasks = [asyncio.create_task(pump(i)) for i in range(n)]
+        stall = _StallWatch(self.cfg.stream_stall_timeout_s, tasks)
         finished = 0
         try:
             while finished < n:
@@ -247,11 +294,16 @@ class LiveService:
                     choices += closing
                     finished += 1
                 for choice in choices:  # one choice delta per chunk, as OpenAI streams
-                    yield self._chunk(call, [choice])
+                    with stall.sending():
+                        yield self._chunk(call, [choice])
+        except ClientStalled:
+            self._episodes["client_stalled"] += 1
+            raise
         except BaseException:
             self._episodes["client_disconnected"] += finished < n
             raise
         finally:
+            stall.close()
             for t in tasks:
                 t.cancel()
         replies = [o.finish(c.finish_reason)[1] for o, c in zip(outs, comps)]
@@ -424,4 +476,5 @@ class LiveService:
         return {"sessions_open": len(self.recorder._sessions),  # noqa: SLF001 - same package
                 "closed": dict(self._closed),
                 "episodes": dict(self._episodes), "feedback": dict(self._feedback_counts),
-                "recorder": self.recorder.counters, "version": self.engine.version}
+                "recorder": self.recorder.counters, "version": self.engine.version,
+                "admission": {"busy": self.admission.busy, "refused": self.admission.refused}}
