@@ -36,7 +36,8 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "ServiceConfig.max_batch_trajectories", "ServiceConfig.queue_groups", "ReplayConfig.capacity_groups",
         "ReplayConfig.max_concurrent_groups", "ReplayConfig.live_capacity_groups", "EvalConfig.samples_per_task",
         "IGConfig.keep_versions", "HGPOConfig.history", "RolloutConfig.history_turns", "JudgeConfig.batch_size",
-        "JudgeConfig.queue_size", "PRMTrainConfig.batch_size", "PRMTrainConfig.epochs", "VLLMEngineConfig.max_loras")},
+        "JudgeConfig.queue_size", "PRMTrainConfig.batch_size", "PRMTrainConfig.epochs", "VLLMEngineConfig.max_loras",
+        "LiveConfig.max_concurrent", "LiveConfig.max_concurrent_per_token")},
     # tasks, demos, sessions, iterations: work or memory in proportion
     **{f: ("max_items", 1) for f in (
         "SFTConfig.num_demos", "SearchQAConfig.num_train_tasks", "SearchQAConfig.num_heldout_tasks",
@@ -54,7 +55,8 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "RolloutConfig.restart_timeout_s", "WeightSyncConfig.timeout_s",
         "ReplayConfig.put_timeout_s", "ReplayConfig.connect_timeout_s", "ReplayConfig.socket_timeout_s",
         "ReplayConfig.retry_s", "LearnerConfig.claim_timeout_s", "LiveConfig.feedback_timeout_s",
-        "LiveConfig.close_after_feedback_s", "LiveConfig.retry_after_s", "JudgeConfig.timeout_s")},
+        "LiveConfig.close_after_feedback_s", "LiveConfig.retry_after_s", "JudgeConfig.timeout_s",
+        "LiveConfig.stream_stall_timeout_s")},
     **{f: ("max_wait_s", 1000) for f in (
         "HFEngineConfig.batch_wait_ms", "HFEngineConfig.join_wait_ms", "ServiceConfig.batch_wait_ms")},
     **{f: ("max_restarts", 1) for f in (
