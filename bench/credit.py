@@ -56,10 +56,12 @@ QUICK = ["policy.path=builtin:tiny", "policy.tiny.hidden_size=64", "policy.tiny.
 """``--quick``: tiny policy, small world, one step (tests/test_credit.py)."""
 QUICK_PRM = ["rewards.prm.train.num_tasks=8", "rewards.prm.train.heldout_tasks=0", "rewards.prm.train.epochs=1"]
 LOAD_EVERY_S = 10.0
-QUIET_LOAD_MEAN = 4.3
-"""A cell that ran at a higher mean load than this is run again, the loaded run set aside
-(docs/results/credit.md, addendum 1): the lone run's 3.3 on this 2-core machine plus 1.0.
-``--max-load`` sets another machine's; ``--quick`` runs (the tests) keep whatever they ran at."""
+LONE_LOAD = {2: 3.3, 4: 4.5}
+"""Groups per step -> the load average a cell of that batch puts on this 2-core machine alone."""
+LOAD_MARGIN = 1.0
+"""A cell that ran at a mean load more than this above its batch's lone load is run again, the
+loaded run set aside (docs/results/credit.md, addenda 1-2). ``--max-load`` sets one threshold
+for every cell (another machine); ``--quick`` runs (the tests) keep whatever they ran at."""
 
 
 TUNE_GRID = tuple((lr, groups) for lr in (1e-5, 3e-5) for groups in (2, 4))
@@ -96,11 +98,21 @@ def is_done(run_dir: Path) -> bool:
     return info.get("rc") == 0 and not result.get("interrupted", True)
 
 
-def ran_loaded(run_dir: Path, max_load: float | None) -> bool:
-    """The cell ran while the machine's mean load was above ``max_load`` (None: never counts)."""
-    if max_load is None:
+def max_load(run_dir: Path, args: argparse.Namespace) -> float | None:
+    """The mean load above which the cell counts as run beside other work (None: never)."""
+    if args.quick:
+        return None
+    if args.max_load is not None:
+        return args.max_load
+    config = json.loads((run_dir / "config.json").read_text())
+    return LONE_LOAD[config["learner"]["batch_groups"]] + LOAD_MARGIN
+
+
+def ran_loaded(run_dir: Path, limit: float | None) -> bool:
+    """The cell ran while the machine's mean load was above ``limit`` (None: never counts)."""
+    if limit is None:
         return False
-    return json.loads((run_dir / "cell.json").read_text())["load"]["mean"] > max_load
+    return json.loads((run_dir / "cell.json").read_text())["load"]["mean"] > limit
 
 
 def set_aside(run_dir: Path) -> Path:
@@ -228,8 +240,8 @@ def run_matrix(args: argparse.Namespace) -> int:
              [Cell(m, s) for s in args.seeds for m in args.methods])  # seed-major: comparable cells early
     for c in cells:
         run_dir = cells_dir(args.out) / c.name
-        if is_done(run_dir) and ran_loaded(run_dir, args.max_load):
-            print(f"{c.name} ran at load mean above {args.max_load}: set aside as {set_aside(run_dir).name}, "
+        if is_done(run_dir) and ran_loaded(run_dir, limit := max_load(run_dir, args)):
+            print(f"{c.name} ran at load mean above {limit}: set aside as {set_aside(run_dir).name}, "
                   "to run again", flush=True)
     todo = [c for c in cells if not is_done(cells_dir(args.out) / c.name)]
     print(f"{len(cells) - len(todo)} of {len(cells)} cells done; {len(todo)} to run", flush=True)
@@ -313,11 +325,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "credit")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--quick", action="store_true", help="tiny policy, small world, one step")
-    ap.add_argument("--max-load", type=float, default=QUIET_LOAD_MEAN,
-                    help="a cell run at a higher mean load is run again (default %(default)s; not with --quick)")
+    ap.add_argument("--max-load", type=float, default=None,
+                    help="a cell run at a higher mean load is run again (default: its batch's lone load "
+                         f"{LONE_LOAD} + {LOAD_MARGIN}; never with --quick)")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.max_load = None
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
