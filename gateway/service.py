@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from envs.formats import DEFAULT_FORMAT
 from gateway.admission import Admission
@@ -87,8 +87,8 @@ class _StallWatch:
     longer than ``timeout_s``, the stream's engine tasks are cancelled -- their requests aborted,
     the batch rows freed -- and the consumer raises ``ClientStalled`` when it is resumed."""
 
-    def __init__(self, timeout_s: float, tasks: list[asyncio.Task]) -> None:
-        self.timeout_s, self.tasks = timeout_s, tasks
+    def __init__(self, timeout_s: float, tasks: list[asyncio.Task], on_stall: Callable[[], None]) -> None:
+        self.timeout_s, self.tasks, self.on_stall = timeout_s, tasks, on_stall
         self.since: float | None = None  # when the chunk now waiting was handed out
         self.stalled = False
         self._task = asyncio.get_running_loop().create_task(self._watch())
@@ -106,6 +106,7 @@ class _StallWatch:
             await asyncio.sleep(self.timeout_s / 4)
             if self.since is not None and time.monotonic() - self.since > self.timeout_s:
                 self.stalled = True
+                self.on_stall()  # counted now: a client that never reads again never resumes us
                 for t in self.tasks:
                     t.cancel()
 
@@ -280,7 +281,7 @@ class LiveService:
                 await queue.put((i, exc))
 
         tasks = [asyncio.create_task(pump(i)) for i in range(n)]
-        stall = _StallWatch(self.cfg.stream_stall_timeout_s, tasks)
+        stall = _StallWatch(self.cfg.stream_stall_timeout_s, tasks, lambda: self._count("client_stalled"))
         finished = 0
         try:
             while finished < n:
@@ -297,7 +298,6 @@ class LiveService:
                     with stall.sending():
                         yield self._chunk(call, [choice])
         except ClientStalled:
-            self._episodes["client_stalled"] += 1
             raise
         except BaseException:
             self._episodes["client_disconnected"] += finished < n
@@ -471,6 +471,9 @@ class LiveService:
         """Wait for background submissions (tests, shutdown)."""
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    def _count(self, result: str) -> None:
+        self._episodes[result] += 1
 
     def stats(self) -> dict[str, Any]:
         return {"sessions_open": len(self.recorder._sessions),  # noqa: SLF001 - same package

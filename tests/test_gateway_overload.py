@@ -7,6 +7,7 @@ reading a stream does not hold the engine: its request is aborted within the sta
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -31,12 +32,17 @@ def served(agent_policy):
     s.close()
 
 
-async def _streams(url: str, token: str, n: int, max_tokens: int) -> list[int | str]:
+def _no_end(served) -> dict[str, int]:
+    """A logit bias banning end-of-turn: a reply runs to ``max_tokens``."""
+    return {str(served.gateway.service.engine.tokenizer.eos_token_id): -100}
+
+
+async def _streams(url: str, token: str, n: int, max_tokens: int, bias: dict[str, int]) -> list[int | str]:
     """``n`` streams at once; each one's status, or the error body's code."""
     async with httpx.AsyncClient(timeout=120) as http:
         async def one() -> int | str:
             body = {"model": MODEL, "messages": QUESTION, "stream": True, "max_tokens": max_tokens,
-                    "logit_bias": {"0": -100}}
+                    "logit_bias": bias}
             async with http.stream("POST", f"{url}/chat/completions", json=body,
                                    headers={"Authorization": f"Bearer {token}"}) as reply:
                 if reply.status_code != 200:
@@ -61,15 +67,15 @@ def _idle(served) -> None:
 
 def test_past_the_limits_requests_get_429_at_once_and_the_rest_are_served(served) -> None:
     t0 = time.monotonic()
-    got = asyncio.run(_streams(served.url, TOKENS[0], 4, 1000))
+    got = asyncio.run(_streams(served.url, TOKENS[0], 4, 400, _no_end(served)))
     assert sorted(map(str, got)) == ["200", "200", "rate_limit_exceeded", "rate_limit_exceeded"]  # the token's 2
     assert time.monotonic() - t0 < 60
     _idle(served)
     refused = served.gateway.service.admission.refused
 
     async def both() -> list[list[int | str]]:
-        return list(await asyncio.gather(_streams(served.url, TOKENS[0], 2, 1000),
-                                         _streams(served.url, TOKENS[1], 2, 1000)))
+        return list(await asyncio.gather(_streams(served.url, TOKENS[0], 2, 400, _no_end(served)),
+                                         _streams(served.url, TOKENS[1], 2, 400, _no_end(served))))
     a, b = asyncio.run(both())  # 4 at once over 2 tokens, 3 slots in all: one is refused
     assert sorted(map(str, a + b)).count("rate_limit_exceeded") == 1 and (a + b).count(200) == 3
     _idle(served)
@@ -86,8 +92,10 @@ def test_a_client_that_stops_reading_does_not_hold_the_engine(served) -> None:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting: a small window
     sock.connect((host, int(port)))
-    body = ('{"model": "%s", "stream": true, "max_tokens": 1900, "logit_bias": {"0": -100}, '
-            '"messages": [{"role": "user", "content": "Where was Mobi Vogi born?"}]}' % MODEL).encode()
+    # ~3 KB a chunk (20 alternatives per token) for 1900 tokens: more than the socket buffers hold
+    body = ('{"model": "%s", "stream": true, "max_tokens": 1900, "logit_bias": %s, "logprobs": true, '
+            '"top_logprobs": 20, "messages": [{"role": "user", "content": "Where was Mobi Vogi born?"}]}'
+            % (MODEL, json.dumps(_no_end(served)))).encode()
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKENS[1].encode() +
                  b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     try:  # ... and read nothing
