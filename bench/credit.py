@@ -177,10 +177,10 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
     overrides = cell_overrides(cell, args)
     run_dir = cells_dir(args.out) / cell.name
     cmd = [sys.executable, "-m", "cluster.cli", "train", str(args.config), *[a for o in overrides for a in ("--set", o)]]
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    started, at = time.strftime("%Y-%m-%d %H:%M:%S"), commit()  # the code the cell starts with
     rc, wall, load = run_logged(cmd, cells_dir(args.out) / f"{cell.name}.log")
     info = {"method": cell.method, "seed": cell.seed, "tag": cell.tag, "rc": rc, "wall_s": round(wall, 1), "load": load,
-            "started": started, "commit": commit(), "config": str(args.config), "overrides": overrides}
+            "started": started, "commit": at, "config": str(args.config), "overrides": overrides}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "cell.json").write_text(json.dumps(info, indent=2))
     return info
