@@ -116,6 +116,19 @@ class OutputBuilder:
     def _emit(self, kind: str, **fields: Any) -> None:
         self.events.append({"type": kind, **fields})
 
+    def reply_message(self) -> dict[str, Any]:
+        """The reply as the chat assistant message a chained request's history holds (the items
+        add up to it: reasoning, content, calls)."""
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        for item in self.items:
+            if item["type"] == "function_call":
+                message.setdefault("tool_calls", []).append({"id": item["call_id"], "type": "function", "function": {
+                    "name": item["name"], "arguments": item["arguments"]}})
+            else:
+                key = "content" if item["type"] == "message" else "reasoning_content"
+                message[key] = (message.get(key) or "") + item["content"][0]["text"]
+        return message
+
     def take_events(self) -> list[dict[str, Any]]:
         out, self.events = self.events, []
         return out

@@ -109,7 +109,7 @@ class ResponsesService:
                       logprobs)
         builder.finish(choice["finish_reason"] != "length")
         response = self._response(rc, builder, choice["finish_reason"], out["usage"]["completion_tokens"])
-        self._keep(rc, message, response)
+        self._keep(rc, builder, response)
         return response
 
     async def stream(self, rc: ResponseCall) -> AsyncIterator[dict[str, Any]]:
@@ -125,14 +125,12 @@ class ResponsesService:
         opening = self._response(rc, builder, None, 0)
         for kind in ("response.created", "response.in_progress"):
             yield numbered([{"type": kind, "response": opening}])[0]
-        finish, message = "stop", {"role": "assistant", "content": None}
+        finish = "stop"
         try:
             async for chunk in self.live.stream(rc.chat):
                 for choice in chunk.choices:
-                    delta = choice.delta.wire()
-                    _gather(message, delta)
                     lps = choice.logprobs.wire()["content"] if choice.logprobs is not None else None
-                    builder.delta(delta, lps)
+                    builder.delta(choice.delta.wire(), lps)
                     if choice.finish_reason is not None:
                         finish = choice.finish_reason
                         builder.finish(finish != "length")
@@ -147,16 +145,15 @@ class ResponsesService:
                              "message": f"internal error: {type(exc).__name__}: {exc}"}])[0]
             return
         response = self._response(rc, builder, finish, rc.chat.completion_tokens)
-        self._keep(rc, message, response)
+        self._keep(rc, builder, response)
         kind = "response.incomplete" if finish == "length" else "response.completed"
         yield numbered([{"type": kind, "response": response}])[0]
 
-    def _keep(self, rc: ResponseCall, message: dict[str, Any], response: dict[str, Any]) -> None:
+    def _keep(self, rc: ResponseCall, builder: OutputBuilder, response: dict[str, Any]) -> None:
         if rc.req.store is False:
             return
-        reply = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "reasoning_content")}
         self._kept[rc.response_id] = _Kept(rc.chat.prepared.session_id, rc.req.previous_response_id,
-                                           [*rc.added, reply], response)
+                                           [*rc.added, builder.reply_message()], response)
         while len(self._kept) > self.live.cfg.max_kept_responses:
             self._kept.popitem(last=False)
 
@@ -186,15 +183,3 @@ def _tool_choice(req: ResponsesRequest) -> Any:
     choice = req.tool_choice
     return choice.model_dump() if choice is not None and not isinstance(choice, str) else (choice or "auto")
 
-
-def _gather(message: dict[str, Any], delta: dict[str, Any]) -> None:
-    """Add a streamed chat delta to the message it builds (the deltas add up to the message)."""
-    for key in ("content", "reasoning_content"):
-        if delta.get(key):
-            message[key] = (message.get(key) or "") + delta[key]
-    for call in delta.get("tool_calls") or []:
-        calls = message.setdefault("tool_calls", [])
-        if call.get("id") is not None:
-            calls.append({"id": call["id"], "type": "function",
-                          "function": {"name": call["function"]["name"], "arguments": ""}})
-        calls[call["index"]]["function"]["arguments"] += (call.get("function") or {}).get("arguments") or ""

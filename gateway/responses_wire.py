@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import Discriminator, Field, Tag, ValidationError
 
 from gateway.errors import InvalidRequest, from_validation
-from gateway.openai_types import MAX_TOP_LOGPROBS, REASONING_EFFORTS, PromptCacheOptions
+from gateway.openai_types import MAX_TOP_LOGPROBS, REASONING_EFFORTS, FunctionDef, PromptCacheOptions, _Strict
 
 REFUSED = {
     "background": "background responses are not served; stream instead (stream: true)",
@@ -38,10 +38,6 @@ NO_EFFECT = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options
              "service_tier", "max_tool_calls", "truncation")
 """Accepted fields that change nothing served or trained (each one's meaning in its docstring)."""
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # -- input items ----------------------------------------------------------------------------
@@ -134,13 +130,11 @@ InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[Functio
 
 
 # -- request --------------------------------------------------------------------------------
-class FunctionTool(_Strict):
+class FunctionTool(FunctionDef):
+    """A function tool: chat's function definition, flat, with its ``type`` (``strict``, the
+    OpenAI Agents SDK's default, is constrained decoding as in chat)."""
+
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-    """True (the OpenAI Agents SDK's default): constrained decoding, as for chat's ``strict``."""
 
 
 class NamedFunction(_Strict):

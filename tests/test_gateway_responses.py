@@ -13,7 +13,7 @@ from openai.types.responses.response_create_params import ResponseCreateParamsBa
 
 from gateway.config import LiveConfig
 from gateway.responses_wire import NO_EFFECT, REFUSED, ResponsesRequest
-from tests.test_gateway_http import TOKEN, Served
+from tests.test_gateway_http import TOKEN, Served, _sdk
 
 MODEL = "turnrl-policy"
 RESULT = "Mobi Vogi was born in Katu."
@@ -29,7 +29,7 @@ def served(agent_policy):
 
 @pytest.fixture(scope="module")
 def client(served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0)
+    return _sdk(served)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsBas
 from gateway.config import LiveConfig
 from gateway.openai_types import NO_EFFECT, REFUSED
 from gateway.toolcalls import thinking_off_ids
-from tests.test_gateway_http import TOKEN, Served
+from tests.test_gateway_http import TOKEN, Served, _sdk
 
 MODEL = "turnrl-policy"
 USER = [{"role": "user", "content": "Where was Mobi Vogi born?"}]
@@ -56,7 +56,7 @@ def served(agent_policy):
 
 @pytest.fixture(scope="module")
 def client(served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0)
+    return _sdk(served)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def test_reasoning_effort_turns_thinking_off_in_a_reasoning_format(agent_policy)
         off = thinking_off_ids(tok, "qwen3", "none")
         assert tok.decode(off) == "<think>\n\n</think>\n\n" and thinking_off_ids(tok, "qwen3", "minimal") == off
         assert thinking_off_ids(tok, "qwen3", "high") == [] and thinking_off_ids(tok, "hermes", "none") == []
-        client = openai.OpenAI(base_url=served.url, api_key=TOKEN, max_retries=0)
+        client = _sdk(served)
         kw = {"model": MODEL, "temperature": 0, "extra_headers": {"X-Session-Id": "think-off"}}
         first = client.chat.completions.create(messages=USER, reasoning_effort="none", **kw)
         assert getattr(first.choices[0].message, "reasoning_content", None) is None

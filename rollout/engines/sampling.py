@@ -79,7 +79,7 @@ class RowSampler:
         for i, presence, frequency in self.penalised:
             if outputs[i]:
                 counts = torch.bincount(torch.tensor(outputs[i], device=logits.device), minlength=logits.shape[-1])
-                logits[i] -= frequency * counts[: logits.shape[-1]] + presence * (counts[: logits.shape[-1]] > 0)
+                logits[i] -= frequency * counts + presence * (counts > 0)
         return logits
 
     def _alternatives(self, logp: torch.Tensor) -> list[list[tuple[int, float]]] | None:
