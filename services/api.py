@@ -27,7 +27,7 @@ from services.auth import Principal, Sessions, TokenStore, authenticate, require
 from services.config import ServiceConfig
 from services.http import BodyLimit, RequestMetrics, ServiceMetrics
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
-from services.registry import RunRecord
+from services.registry import RunRecord, Status
 from services.admission import InvalidRunConfig, TooManyRuns
 from services.runs import Conflict, RunManager, read_metrics
 
@@ -81,7 +81,8 @@ def _owned(state: ServiceState, run_id: str, principal: Principal) -> RunRecord:
 
 def _known_query_only(request: Request) -> None:
     """422 for a query parameter the route does not take: a typo (``keep_file=true`` on DELETE)
-    must not be silently ignored."""
+    must not be silently ignored; nor one given twice, since every parameter is a scalar and
+    FastAPI would keep the last (``?status=running&status=failed`` would list failed runs only)."""
     route = request.scope.get("route")
     if route is None or not getattr(route, "include_in_schema", False):
         return  # the dashboard page reads its own ?run= in the browser
@@ -90,6 +91,10 @@ def _known_query_only(request: Request) -> None:
     if unknown:
         raise RequestValidationError([{"loc": ("query", name), "type": "extra_forbidden",
                                        "msg": f"unknown query parameter; known: {sorted(known)}"} for name in unknown])
+    repeated = sorted(name for name in set(request.query_params) if len(request.query_params.getlist(name)) > 1)
+    if repeated:
+        raise RequestValidationError([{"loc": ("query", name), "type": "repeated",
+                                       "msg": "given more than once; give it once"} for name in repeated])
 
 
 def _tail(text: str, lines: int) -> str:
@@ -229,7 +234,7 @@ def _read_routes(app: FastAPI, state: ServiceState) -> None:
 
     @app.get("/v1/runs", response_model=schemas.RunList, operation_id="listRuns", tags=["runs"],
              responses=schemas.ERRORS)
-    def list_runs(principal: Auth, status: Annotated[str | None, Query(description="Only runs in this status")] = None
+    def list_runs(principal: Auth, status: Annotated[Status | None, Query(description="Only runs in this status")] = None
                   ) -> dict[str, Any]:
         """The caller's runs, newest first."""
         recs = manager.registry.list(owner=principal.name, statuses=(status,) if status else None)

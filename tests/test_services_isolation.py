@@ -86,3 +86,16 @@ def test_unknown_query_parameters_are_refused(service: Service) -> None:
     assert res.status_code == 422
     assert res.json() == {"detail": [{"loc": "query.keep_file", "msg": "unknown query parameter; known: "
                                       "['keep_files']", "type": "extra_forbidden"}]}
+
+
+def test_a_query_parameter_given_twice_or_outside_its_values_is_refused(service: Service) -> None:
+    res = httpx.get(f"{service.url}/v1/runs?status=running&status=failed", headers=bearer(BOB))
+    assert res.status_code == 422  # FastAPI alone would keep the last and list failed runs only
+    assert res.json() == {"detail": [{"loc": "query.status", "msg": "given more than once; give it once",
+                                      "type": "repeated"}]}
+    res = httpx.get(f"{service.url}/v1/runs?status=runing", headers=bearer(BOB))
+    assert res.status_code == 422 and res.json()["detail"][0]["loc"] == "query.status"
+    assert "'pending', 'running'" in res.json()["detail"][0]["msg"]
+    for status, ids in (("succeeded", [BOBS]), ("running", [])):
+        res = httpx.get(f"{service.url}/v1/runs?status={status}", headers=bearer(BOB))
+        assert [r["id"] for r in res.json()["runs"]] == ids
