@@ -172,12 +172,13 @@ def tool_step(
 
 
 def answer_step(
-    answer: str, correct: bool, calls: list[ToolCall], info: dict[str, Any]
+    answer: str, correct: bool, calls: list[ToolCall], info: dict[str, Any], score: float | None = None
 ) -> StepResult:
-    """The step that ends the episode with ``answer``: reward 1.0 when correct, else 0.0."""
+    """The step that ends the episode with ``answer``: reward ``score`` when the environment
+    grades answers (a task's own scorer may give partial credit), else 1.0 when correct."""
     return StepResult(
         observation=Observation(messages=[], anchor=""),
-        reward=1.0 if correct else 0.0,
+        reward=float(correct) if score is None else score,
         done=True,
         tool_calls=calls,
         answer=answer,
@@ -187,6 +188,11 @@ def answer_step(
 
 class TaskSource(ABC):
     """Train/held-out tasks, demonstrations for SFT and a factory for episodes."""
+
+    scores_outcome: bool = False
+    """True when the environment grades episodes itself (a task family's scorer, a rubric, an
+    external environment's rewards): an episode's outcome is then the sum of its steps' rewards,
+    not a match of its answer against ``gold_answers`` (which IG may still use)."""
 
     @abstractmethod
     def tasks(self, split: str) -> list[Task]:

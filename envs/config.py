@@ -6,7 +6,7 @@ environment code (``envs.registry`` maps each ``type`` to its factory).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -251,6 +251,70 @@ class BfclConfig(BaseModel):
     """Address-space limit of a BFCL worker process (Python plus BFCL's API classes)."""
 
 
-EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig,
+class ReasoningGymTask(BaseModel):
+    """One reasoning-gym task family in the mix."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1)
+    """A reasoning-gym dataset name (``basic_arithmetic``, ``chain_sum``, ``countdown`` ...;
+    ``reasoning_gym.factory.DATASETS`` lists them)."""
+    weight: float = Field(default=1.0, gt=0)
+    """Relative share of this family's questions in both splits."""
+    config: dict[str, Any] = {}
+    """Keyword arguments of the family's config class (difficulty ranges and the like), as
+    reasoning-gym names them; ``seed`` and ``size`` are TurnRL's (set from the env's)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ReasoningGymTask:
+        taken = sorted({"seed", "size"} & set(self.config))
+        if taken:
+            raise ValueError(f"config sets {taken}: the environment sets them (env.seed, "
+                             "env.num_train_tasks, env.num_heldout_tasks); remove them")
+        return self
+
+
+class ReasoningGymConfig(BaseModel):
+    """reasoning-gym's procedural task families, scored by each family's own scorer."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    """Selects this environment."""
+    tasks: list[ReasoningGymTask] = Field(min_length=1)
+    """The task families and their shares."""
+    seed: int = 0
+    """Seed of the generators: train and held-out questions come from different seeds (and a
+    train question whose text is a held-out one is dropped)."""
+    num_train_tasks: int = Field(default=1000, ge=1)
+    """Train questions, split between families by weight."""
+    num_heldout_tasks: int = Field(default=100, ge=0)
+    """Held-out questions, split the same way."""
+    tools: list[Literal["python"]] = []
+    """Tools offered: ``python`` runs the model's code in the tool sandbox (``envs.tool_use``'s
+    limited process) and shows what it printed. None: a single-turn question."""
+    max_turns: int | None = Field(default=None, ge=1, le=64)
+    """Assistant turns; None: 1 without tools, 4 with them."""
+    tool_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """Wall-clock limit of one python call; past it the call is killed and reported."""
+    tool_memory_mb: int = Field(default=256, ge=64, le=65536)
+    """Address-space limit of a python call's process."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ReasoningGymConfig:
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tasks names a family twice ({names}): give each family once, with its weight")
+        if self.tools and self.max_turns == 1:
+            raise ValueError("max_turns=1 leaves no turn to answer after a tool call: "
+                             "set max_turns >= 2, or tools: []")
+        return self
+
+    def turns(self) -> int:
+        """Assistant turns an episode may take."""
+        return self.max_turns or (4 if self.tools else 1)
+
+
+EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig,
                       Field(discriminator="type")]
 """Any environment's config, chosen by its ``type`` field."""

@@ -39,11 +39,18 @@ def _bfcl(cfg: Any) -> TaskSource:
     return BfclTaskSource(cfg)
 
 
+def _reasoning_gym(cfg: Any) -> TaskSource:
+    from envs.reasoning_gym import ReasoningGymTaskSource
+
+    return ReasoningGymTaskSource(cfg)
+
+
 ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "search_qa": _search_qa,
     "tool_use": _tool_use,
     "household": _household,
     "bfcl": _bfcl,
+    "reasoning_gym": _reasoning_gym,
 }
 """Config ``type`` -> factory. A new environment is a config class in ``envs.config`` plus an
 entry here."""

@@ -20,6 +20,8 @@ def score_outcome(traj: Trajectory, cfg: RewardsConfig, chat_format: str = DEFAU
     the final text is read in the policy's ``chat_format``."""
     if traj.error is not None or not traj.turns:
         traj.set_outcome(None)
+    elif traj.env_outcome is not None:  # the environment grades its own episodes
+        traj.set_outcome(traj.env_outcome)
     elif traj.gold_answers:
         score = score_final_text(
             traj.turns[-1].text, traj.gold_answers,

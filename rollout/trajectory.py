@@ -14,8 +14,9 @@ With a history window (``rollout.history_turns``) turn ``t`` was sampled from
 records where its context began, and ``segments()`` splits the trajectory into the rows the
 learner trains, each the exact context its turns were sampled from.
 
-JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 5.
-Version 5 added ``LiveOrigin.ended_early`` (turns the server cut short: stop strings,
+JSONL serialisation: one ``Trajectory.model_dump_json()`` per line, ``schema_version`` = 6.
+Version 6 added ``env_outcome`` (the grade of an environment that grades its own episodes);
+version 5 added ``LiveOrigin.ended_early`` (turns the server cut short: stop strings,
 ``parallel_tool_calls: false``); version 4 added ``Turn.adapter`` (the LoRA adapter that sampled the turn); version 3 made
 typed fields of what components used to keep in ``metadata`` (``producer``, ``worker``,
 ``labels``, ``answer_score``, ``reward_details``, ``reward_errors``, ``skipped_sources``,
@@ -43,8 +44,8 @@ from envs.toolcalls import ToolCall
 from rollout.engines.base import Completion, expand_spans
 from rollout.token_array import NO_INTS, FloatArray, IntArray
 
-SCHEMA_VERSION = 5
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+SCHEMA_VERSION = 6
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
 REWARD_SOURCES = ("outcome", "ig", "prm", "match", "env")
 FinishReason = Literal["answer", "max_turns", "max_tokens", "error"]
 
@@ -197,6 +198,11 @@ class Trajectory(BaseModel):
     """Outcome reward, set by the reward stage."""
     success: bool = False
     """Exact-match success (or the environment's own success measure)."""
+    env_outcome: float | None = None
+    """The environment's own grade of the episode (the sum of its steps' rewards), set when its
+    task source grades episodes itself (``TaskSource.scores_outcome``: a task family's scorer, a
+    rubric, an external environment's rewards); the outcome stage takes it as the outcome instead
+    of matching ``answer`` against ``gold_answers``. None: the outcome is that match."""
     finish_reason: FinishReason = "max_turns"
     error: str | None = None
     """Why the episode failed, when the environment or engine raised."""

@@ -65,6 +65,8 @@ class RolloutWorker:
         ])
         for traj in trajs:
             traj.success = traj.error is None and self.source.success(task, traj.answer)
+            if self.source.scores_outcome and traj.error is None:
+                traj.env_outcome = sum(t.rewards.get("env") or 0.0 for t in traj.turns)
             traj.worker = self.worker_id
             # Replay's reservation ledger reads it (None: ports that name no producer).
             traj.producer = getattr(self.ports, "producer", None) or None

@@ -76,8 +76,8 @@ def test_misaligned_logprobs_rejected() -> None:
 
 
 def test_unknown_schema_version_rejected() -> None:
-    with pytest.raises(ValueError, match="schema_version 6 is not supported"):
-        Trajectory(schema_version=6, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
+    with pytest.raises(ValueError, match="schema_version 7 is not supported"):
+        Trajectory(schema_version=7, trajectory_id="t", task_id="x", group_id="g", prompt_ids=[])
 
 
 def windowed_traj(history_turns: int | None) -> Trajectory:

@@ -49,8 +49,10 @@ class ToolUseEnv(SyncEnvironment):
     """One tool-use episode at a time; the task carries its tools' source code."""
 
     def __init__(
-        self, limits: Limits, max_turns: int, judge: Callable[[Task, str | None], bool]
+        self, limits: Limits, max_turns: int, judge: Callable[[Task, str | None], float]
     ) -> None:
+        """``judge``: the answer's grade, 1.0 for a correct one (a bool will do); below 1 it is
+        partial credit, which becomes the answer step's reward."""
         self.limits = limits
         self.max_turns = max_turns
         self.judge = judge
@@ -144,7 +146,8 @@ class ToolUseEnv(SyncEnvironment):
 
     def _finish(self, parsed: ParsedAction) -> StepResult:
         assert self.task is not None and parsed.answer is not None
-        correct = self.judge(self.task, parsed.answer)
+        score = float(self.judge(self.task, parsed.answer))
+        correct = score >= 1.0
         self.done = True
         info = {"label": int(correct), "matched_gold": [], "turn": self.turn, "correct": correct}
-        return answer_step(parsed.answer, correct, parsed.calls, info)
+        return answer_step(parsed.answer, correct, parsed.calls, info, score=score)

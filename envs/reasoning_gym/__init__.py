@@ -1,0 +1,3 @@
+"""reasoning-gym's procedural task families (``env.type: reasoning_gym``)."""
+
+from envs.reasoning_gym.source import ReasoningGymTaskSource
