@@ -192,7 +192,8 @@ class TaskSource(ABC):
     scores_outcome: bool = False
     """True when the environment grades episodes itself (a task family's scorer, a rubric, an
     external environment's rewards): an episode's outcome is then the sum of its steps' rewards,
-    not a match of its answer against ``gold_answers`` (which IG may still use)."""
+    not a match of its answer against ``gold_answers`` (which IG may still use), and it succeeded
+    when that sum is at least 1.0."""
 
     @abstractmethod
     def tasks(self, split: str) -> list[Task]:

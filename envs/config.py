@@ -11,6 +11,57 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class McpServerConfig(BaseModel):
+    """One MCP server whose tools the environment offers: a command the run starts (stdio) or a
+    URL it connects to (streamable HTTP). Over the run service, only ``name`` is submitted: the
+    operator's ``admission.mcp_servers`` entry of that name supplies the rest."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """The server's name in this config (and in the operator's allowlist): errors name it."""
+    command: str | None = None
+    """stdio: the program to start (``python``, ``uvx``, ``npx`` ...), one process per
+    environment actor (per episode when ``stateful``)."""
+    args: list[str] = []
+    """stdio: its arguments."""
+    env: dict[str, str] = {}
+    """stdio: environment variables set for it, on top of a minimal environment (PATH, HOME ...)."""
+    cwd: str | None = None
+    """stdio: its working directory (None: the run's)."""
+    url: str | None = None
+    """streamable HTTP: the server's endpoint (``http://host:port/mcp``)."""
+    tools: list[str] | None = None
+    """Only these of its tools are offered (None: every tool ``list_tools`` returns)."""
+    call_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Wall-clock limit of one tool call; past it the call fails as an observation."""
+    stateful: bool = False
+    """True: each episode gets a server of its own (tools that keep state between calls, such
+    as a scratch database); False: one server per environment actor, shared by its episodes."""
+
+    @model_validator(mode="after")
+    def _check(self) -> McpServerConfig:
+        if self.command is not None and self.url is not None:
+            raise ValueError(f"mcp server {self.name!r}: set command (stdio) or url (streamable HTTP), not both")
+        if self.url is not None and (self.args or self.env or self.cwd):
+            raise ValueError(f"mcp server {self.name!r}: args, env and cwd apply to a command, not to a url")
+        return self
+
+    def launchable(self) -> bool:
+        """Whether it names what to start or reach (over the run service, the operator fills it)."""
+        return self.command is not None or self.url is not None
+
+
+McpServers = Annotated[list[McpServerConfig], Field(default=[])]
+
+
+def check_mcp_servers(servers: list[McpServerConfig]) -> None:
+    """Server names are unique within an environment."""
+    names = [s.name for s in servers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"mcp names a server twice ({names}): give each a name of its own")
+
+
 class SearchQAConfig(BaseModel):
     """Search-QA: the built-in synthetic world, or real question/corpus files (``data``)."""
 
@@ -164,9 +215,12 @@ class ToolUseConfig(BaseModel):
     """MatchTIR/FTRL-layout train file (JSONL/JSON/parquet) instead of built-in tasks."""
     heldout_path: str | None = None
     """Held-out file in the same layout; set both paths or neither."""
+    mcp: McpServers
+    """MCP servers whose tools every task offers besides its own (``docs/envs.md``)."""
 
     @model_validator(mode="after")
     def _check(self) -> ToolUseConfig:
+        check_mcp_servers(self.mcp)
         if (self.train_path is None) != (self.heldout_path is None):
             raise ValueError("set both train_path and heldout_path, or neither (built-in tasks)")
         if self.min_calls > self.max_calls:
@@ -299,22 +353,54 @@ class ReasoningGymConfig(BaseModel):
     """Wall-clock limit of one python call; past it the call is killed and reported."""
     tool_memory_mb: int = Field(default=256, ge=64, le=65536)
     """Address-space limit of a python call's process."""
+    mcp: McpServers
+    """MCP servers whose tools every question offers (``docs/envs.md``)."""
 
     @model_validator(mode="after")
     def _check(self) -> ReasoningGymConfig:
+        check_mcp_servers(self.mcp)
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"tasks names a family twice ({names}): give each family once, with its weight")
-        if self.tools and self.max_turns == 1:
+        if (self.tools or self.mcp) and self.max_turns == 1:
             raise ValueError("max_turns=1 leaves no turn to answer after a tool call: "
                              "set max_turns >= 2, or tools: []")
         return self
 
     def turns(self) -> int:
         """Assistant turns an episode may take."""
-        return self.max_turns or (4 if self.tools else 1)
+        return self.max_turns or (4 if self.tools or self.mcp else 1)
 
 
-EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig,
+class McpTasksConfig(BaseModel):
+    """Prompts answered with the tools of MCP servers, checked on the final answer and/or the
+    tool-call trace (``docs/envs.md``, "Tools from MCP servers")."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["mcp_tasks"] = "mcp_tasks"
+    """Selects this environment."""
+    mcp: list[McpServerConfig] = Field(min_length=1)
+    """The MCP servers whose tools the tasks use."""
+    train_path: str
+    """Train tasks: YAML (a list) or JSONL, one record per task: ``prompt`` (or ``messages``),
+    and at least one check: ``answers`` (accepted final answers) and/or ``expect_calls``
+    (calls the trace must contain); optional ``id``, ``system`` and ``gold_calls`` (the reference
+    trace MatchTIR scores against; ``expect_calls`` when absent)."""
+    heldout_path: str
+    """Held-out tasks, same layout."""
+    system_prompt: str = ("Use the tools to solve the task, one step at a time, then give the final "
+                          "answer inside <answer></answer>.")
+    """The system message of a task that gives none (``system``)."""
+    max_turns: int = Field(default=6, ge=1, le=64)
+    """Assistant turns before the episode ends without an answer."""
+
+    @model_validator(mode="after")
+    def _check(self) -> McpTasksConfig:
+        check_mcp_servers(self.mcp)
+        return self
+
+
+EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig | McpTasksConfig,
                       Field(discriminator="type")]
 """Any environment's config, chosen by its ``type`` field."""

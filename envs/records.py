@@ -1,4 +1,4 @@
-"""Reading task files: JSONL, a JSON list, or parquet, one record per task.
+"""Reading task files: JSONL, a JSON or YAML list, or parquet, one record per task.
 
 Every record comes with a ``where`` ("file.jsonl:12", "file.parquet row 3") so a loader can name
 the exact record and field of a problem. Parquet needs ``pyarrow``, imported only for parquet.
@@ -25,13 +25,10 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
         for row, record in enumerate(pq.read_table(path).to_pylist()):
             yield f"{path} row {row}", record
         return
-    if path.suffix == ".json":
-        try:
-            records = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if path.suffix in (".json", ".yaml", ".yml"):
+        records = _document(path)
         if not isinstance(records, list):
-            raise ValueError(f"{path}: expected a JSON list of records")
+            raise ValueError(f"{path}: expected a list of records")
         for row, record in enumerate(records):
             yield _as_record(f"{path} record {row}", record)
         return
@@ -45,6 +42,22 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
             yield _as_record(where, record)
+
+
+def _document(path: Path) -> Any:
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
 
 
 def _as_record(where: str, record: Any) -> tuple[str, dict[str, Any]]:

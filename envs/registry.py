@@ -45,12 +45,19 @@ def _reasoning_gym(cfg: Any) -> TaskSource:
     return ReasoningGymTaskSource(cfg)
 
 
+def _mcp_tasks(cfg: Any) -> TaskSource:
+    from envs.mcp.tasks import McpTasksSource
+
+    return McpTasksSource(cfg)
+
+
 ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "search_qa": _search_qa,
     "tool_use": _tool_use,
     "household": _household,
     "bfcl": _bfcl,
     "reasoning_gym": _reasoning_gym,
+    "mcp_tasks": _mcp_tasks,
 }
 """Config ``type`` -> factory. A new environment is a config class in ``envs.config`` plus an
 entry here."""

@@ -64,9 +64,11 @@ class RolloutWorker:
             for _ in range(n)
         ])
         for traj in trajs:
-            traj.success = traj.error is None and self.source.success(task, traj.answer)
-            if self.source.scores_outcome and traj.error is None:
+            if self.source.scores_outcome and traj.error is None:  # the environment grades episodes
                 traj.env_outcome = sum(t.rewards.get("env") or 0.0 for t in traj.turns)
+                traj.success = traj.env_outcome >= 1.0
+            else:
+                traj.success = traj.error is None and self.source.success(task, traj.answer)
             traj.worker = self.worker_id
             # Replay's reservation ledger reads it (None: ports that name no producer).
             traj.producer = getattr(self.ports, "producer", None) or None

@@ -67,6 +67,8 @@ KINDS = {
     "redis_url": "a host: 'embedded' or one of admission.redis_servers",
     "redis_password": "an environment variable: the matched admission.redis_servers entry's",
     "env_overrides": "environment keys: checked as the environment config they produce",
+    "mcp_server": "an MCP server: one of admission.mcp_servers, by name; the operator's entry says what runs",
+    "mcp_launch": "what an MCP server runs or reaches: the operator's (admission.mcp_servers), never submitted",
     "inert": "text that names no code, file or host",
 }
 
@@ -117,6 +119,19 @@ RULES: dict[str, Rule] = {
                                      "requires live.tokens"),
     "LiveConfig.model_name": Rule("inert", "the model id the endpoint reports"),
     "LiveConfig.tokens": Rule("inert", "bearer tokens the run's own endpoint accepts"),
+    "McpServerConfig.name": Rule("mcp_server"),
+    "McpServerConfig.command": Rule("mcp_launch"),
+    "McpServerConfig.args": Rule("mcp_launch"),
+    "McpServerConfig.env": Rule("mcp_launch"),
+    "McpServerConfig.cwd": Rule("mcp_launch"),
+    "McpServerConfig.url": Rule("mcp_launch"),
+    "McpServerConfig.tools": Rule("inert", "names of the server's tools to offer, matched against its list_tools"),
+    "McpTasksConfig.train_path": Rule("data"),
+    "McpTasksConfig.heldout_path": Rule("data"),
+    "McpTasksConfig.system_prompt": Rule("inert", "prompt text"),
+    "ReasoningGymTask.name": Rule("inert", "a reasoning-gym family name, looked up in its registry"),
+    "ReasoningGymTask.config": Rule("inert", "keyword arguments of the family's config dataclass (sizes, "
+                                             "ranges, word lists), checked against its fields; no code, file or host"),
     "RolloutConfig.pool": Rule("inert", "the name of an engine pool the operator declared (ServiceConfig.pools), "
                                         "checked against them; the pool sets policy.path and rollout.engine"),
 }
@@ -146,16 +161,21 @@ def sensitive_fields(model: BaseModel, loc: tuple[str, ...] = ()) -> Iterator[tu
 
 def _has(tree: Any, loc: tuple[str, ...]) -> bool:
     for part in loc:
-        if not isinstance(tree, dict) or part not in tree:
+        if isinstance(tree, list) and part.isdigit() and int(part) < len(tree):
+            tree = tree[int(part)]
+        elif isinstance(tree, dict) and part in tree:
+            tree = tree[part]
+        else:
             return False
-        tree = tree[part]
     return True
 
 
 def _set(tree: dict[str, Any], loc: tuple[str, ...], value: Any) -> None:
+    """Set ``value`` at ``loc`` (a list's items by their index), making the sections missing."""
+    node: Any = tree
     for part in loc[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[loc[-1]] = value
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    node[loc[-1]] = value
 
 
 def _within(path: Path, root: Path) -> bool:
@@ -379,6 +399,21 @@ class _Walk:
         if value not in allowed:
             self.refuse(loc, f"{value!r} is not allowed: allowed judge functions are {allowed} "
                              "(admission.judge_functions)", "callable")
+
+    def _mcp_server(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        allowed = {s.name: s for s in self.adm.adm.mcp_servers}
+        if value not in allowed:
+            self.refuse(loc, f"{value!r} is not allowed: allowed MCP servers are {sorted(allowed)} "
+                             "(admission.mcp_servers)", "mcp_server")
+            return
+        server = allowed[value]
+        for field in ("command", "args", "env", "cwd", "url", "stateful"):  # what runs is the operator's
+            _set(self.tree, (*loc[:-1], field), server.model_dump(mode="json")[field])
+
+    def _mcp_launch(self, loc: tuple[str, ...], rule: Rule, value: Any, holder: BaseModel) -> None:
+        if value not in (None, [], {}):
+            self.refuse(loc, "MCP servers are the operator's: give only their name (one of admission.mcp_servers) "
+                             f"and remove {loc[-1]}", "mcp_launch")
 
     def _executable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
         binary = self.adm.adm.redis_server_binary

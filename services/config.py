@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from cluster.config import PoolConfig
+from envs.config import McpServerConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 
@@ -169,6 +170,11 @@ class AdmissionConfig(BaseModel):
     redis_servers: list[RedisServerConfig] = []
     """Remote Redis servers ``replay.url`` may name. ``embedded`` (a redis-server of the run's
     own, data in its run directory) is always allowed."""
+    mcp_servers: list[McpServerConfig] = []
+    """MCP servers a run's ``env.mcp`` may name (by ``name`` alone): the command, arguments,
+    environment or URL and ``stateful`` are these entries', never the submitter's (who may narrow
+    ``tools`` and set ``call_timeout_s``). A stdio server runs as the service's user inside the
+    run's actors: list only servers you trust. Empty (the default): no MCP servers."""
     redis_server_binary: str = "redis-server"
     """The redis-server executable embedded replay starts (``replay.server_binary``): the
     operator's choice only; a submitted ``replay.server_binary`` that differs is refused."""
@@ -176,6 +182,16 @@ class AdmissionConfig(BaseModel):
     """Where each tenant's built policies and search indexes are cached, in a subdirectory per
     token name (``<cache_dir>/<name>/policies``, ``.../search_index``) shared by that tenant's
     runs only. None: each run caches inside its own directory (rebuilt by every run)."""
+
+    @model_validator(mode="after")
+    def _check_mcp(self) -> AdmissionConfig:
+        names = [m.name for m in self.mcp_servers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mcp_servers names a server twice ({names})")
+        unset = [m.name for m in self.mcp_servers if not m.launchable()]
+        if unset:
+            raise ValueError(f"mcp_servers {unset}: give each a command (stdio) or a url (streamable HTTP)")
+        return self
 
 
 class LimitsConfig(BaseModel):

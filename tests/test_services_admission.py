@@ -52,7 +52,9 @@ def service_config(tmp: Path, roots: Path, **extra: Any) -> ServiceConfig:
                  "hub_models": ["Qwen/Qwen2.5-0.5B-Instruct"], "judge_functions": [JUDGE_OK],
                  "storage_urls": [STORE_OK],
                  "redis_servers": [{"url": REDIS_OK, "password_env": "REPLAY_REDIS_PASSWORD"}],
-                 "redis_server_binary": "/opt/redis/bin/redis-server", **extra.pop("admission", {})}
+                 "redis_server_binary": "/opt/redis/bin/redis-server",
+                 "mcp_servers": [{"name": "time", "command": "/opt/mcp/python", "args": ["-m", "mcp_server_time"]}],
+                 **extra.pop("admission", {})}
     return ray_down(tmp / "state", jobs={"working_dir": str(roots)}, admission=admission,
                     limits={"max_steps": 1000, "max_cpus": 4, "max_actors": 8, "max_concurrent_runs": 2},
                     tenant_limits={"bob": {"max_steps": 50}}, **extra)
@@ -95,6 +97,19 @@ def test_the_issues_os_system_judge_is_refused_naming_the_field(service: Service
                                               f"['{JUDGE_OK}'] (admission.judge_functions)"}
     # the same config is still a valid RunConfig for `turnrl train` on the command line
     assert build_config(body).rewards.prm.function == "os:system"
+
+
+def test_mcp_servers_are_the_operators_named_never_launched_by_the_submitter(service: Service) -> None:
+    env = {"type": "tool_use", "mcp": [{"name": "time", "tools": ["convert_time"], "call_timeout_s": 5}]}
+    cfg = admitted(service, {"env": env})
+    assert cfg["env"]["mcp"] == [{"name": "time", "command": "/opt/mcp/python", "args": ["-m", "mcp_server_time"], "env": {},
+                                  "cwd": None, "url": None, "tools": ["convert_time"], "call_timeout_s": 5.0, "stateful": False}]
+    errors = refused(service, {"env": {"type": "tool_use", "mcp": [
+        {"name": "time", "command": "sh", "args": ["-c", "cat /etc/passwd"]}, {"name": "shell", "url": "http://10.0.0.1/mcp"}]}})
+    launch = "MCP servers are the operator's: give only their name (one of admission.mcp_servers) and remove "
+    assert errors == {"env.mcp.0.command": launch + "command", "env.mcp.0.args": launch + "args",
+                      "env.mcp.1.name": "'shell' is not allowed: allowed MCP servers are ['time'] (admission.mcp_servers)",
+                      "env.mcp.1.url": launch + "url"}
 
 
 def test_an_allowed_judge_function_is_admitted(service: Service) -> None:

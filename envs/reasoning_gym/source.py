@@ -21,6 +21,7 @@ from typing import Any
 
 from envs.base import Environment, SplitTaskSource, Task
 from envs.config import ReasoningGymConfig, ReasoningGymTask
+from envs.mcp.tools import offer_mcp_tools
 from envs.tool_use.env import ToolUseEnv
 from envs.tool_use.sandbox import Limits
 from envs.toolcalls import ToolCall, format_answer
@@ -28,6 +29,7 @@ from envs.toolcalls import ToolCall, format_answer
 SYSTEM_PROMPT = "Solve the problem, then give only the final answer inside <answer></answer>."
 PYTHON_PROMPT = ("Solve the problem. You may run Python with the python tool (print what you "
                  "need to see), then give only the final answer inside <answer></answer>.")
+TOOLS_PROMPT = "Solve the problem with the tools, then give only the final answer inside <answer></answer>."
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python",
     "description": "Run Python 3 code and return what it printed (standard library only, no network).",
@@ -87,6 +89,7 @@ class ReasoningGymTaskSource(SplitTaskSource):
         seen = {t.messages[-1]["content"] for tasks in heldout for t in tasks}
         train = [self._generate(i, "train", n, seen) for i, n in enumerate(shares(cfg.num_train_tasks, weights))]
         self.splits = {"train": [t for ts in train for t in ts], "heldout": [t for ts in heldout for t in ts]}
+        self.mcp = offer_mcp_tools(self.splits, cfg.mcp)
 
     def _dataset(self, index: int, spec: ReasoningGymTask, seed: int, size: int) -> Any:
         rg = _reasoning_gym()
@@ -125,7 +128,7 @@ class ReasoningGymTaskSource(SplitTaskSource):
             f"differ from the held-out ones, short of {count}: lower env.num_train_tasks or widen its config")
 
     def _task(self, task_id: str, entry: dict[str, Any]) -> Task:
-        prompt = PYTHON_PROMPT if self.cfg.tools else SYSTEM_PROMPT
+        prompt = PYTHON_PROMPT if self.cfg.tools else TOOLS_PROMPT if self.cfg.mcp else SYSTEM_PROMPT
         return Task(
             task_id=task_id,
             messages=[{"role": "system", "content": prompt}, {"role": "user", "content": entry["question"]}],
@@ -149,7 +152,7 @@ class ReasoningGymTaskSource(SplitTaskSource):
         return self.score(task, answer) >= 1.0
 
     def make_env(self) -> Environment:
-        return ToolUseEnv(self.limits, self.cfg.turns(), judge=self.score)
+        return ToolUseEnv(self.limits, self.cfg.turns(), judge=self.score, mcp=self.mcp)
 
     def demonstration(self, task: Task) -> list[dict[str, Any]]:
         """The generator's answer, given at once."""

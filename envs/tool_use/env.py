@@ -24,6 +24,7 @@ from envs.base import (
     question_text,
     tool_step,
 )
+from envs.mcp.tools import McpSession, McpTools
 from envs.tool_use.matching import ast_match
 from envs.tool_use.sandbox import Limits, ToolOutcome, run_tool, run_tool_async
 from envs.toolcalls import ParsedAction, ToolCall, format_call, parse_action
@@ -49,11 +50,15 @@ class ToolUseEnv(SyncEnvironment):
     """One tool-use episode at a time; the task carries its tools' source code."""
 
     def __init__(
-        self, limits: Limits, max_turns: int, judge: Callable[[Task, str | None], float]
+        self, limits: Limits, max_turns: int, judge: Callable[[Task, str | None], float],
+        mcp: McpTools | None = None,
     ) -> None:
         """``judge``: the answer's grade, 1.0 for a correct one (a bool will do); below 1 it is
-        partial credit, which becomes the answer step's reward."""
+        partial credit, which becomes the answer step's reward. ``mcp``: tools served by MCP
+        servers (``envs.mcp``), called there rather than from a source in the sandbox."""
         self.limits = limits
+        self.mcp = mcp
+        self.session: McpSession | None = None
         self.max_turns = max_turns
         self.judge = judge
         self.task: Task | None = None
@@ -67,11 +72,19 @@ class ToolUseEnv(SyncEnvironment):
         """Synchronous ``reset``. Raises ValueError when a tool has no source to run."""
         self.schemas = {tool_name(t): t for t in task.tools}
         self.sources = dict(task.metadata.get("functions", {}))
-        missing = sorted(set(self.schemas) - set(self.sources))
+        remote = self.mcp.names if self.mcp is not None else set()
+        missing = sorted(set(self.schemas) - set(self.sources) - remote)
         if missing:
             raise ValueError(f"task {task.task_id}: no source for tools {missing}")
         self.task, self.turn, self.done, self.matched = task, 0, False, set()
+        if self.mcp is not None and self.session is None:
+            self.session = self.mcp.episode()
         return Observation(messages=[], anchor=question_text(task))
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
     # Overrides the sync wrapper: sandboxed tools run for up to their timeout, so the rollout's
     # event loop must not block on them.
@@ -81,7 +94,12 @@ class ToolUseEnv(SyncEnvironment):
             return early
         outcomes = []
         for call in parsed.calls:  # in order: a later call may rely on an earlier one's effect
-            outcomes.append(self._check(call) or await run_tool_async(*self._job(call)))
+            if (early := self._check(call)) is not None:
+                outcomes.append(early)
+            elif self._remote(call):
+                outcomes.append(await self.session.call(call.name, call.arguments))
+            else:
+                outcomes.append(await run_tool_async(*self._job(call)))
         return self._conclude(parsed, outcomes)
 
     def act(self, action: str) -> StepResult:
@@ -89,7 +107,8 @@ class ToolUseEnv(SyncEnvironment):
         parsed, early = self._begin(action)
         if early is not None:
             return early
-        outcomes = [self._check(call) or run_tool(*self._job(call)) for call in parsed.calls]
+        outcomes = [self._check(call) or (self.session.call_sync(call.name, call.arguments) if self._remote(call)
+                                          else run_tool(*self._job(call))) for call in parsed.calls]
         return self._conclude(parsed, outcomes)
 
     def _begin(self, action: str) -> tuple[ParsedAction, StepResult | None]:
@@ -113,6 +132,9 @@ class ToolUseEnv(SyncEnvironment):
         if problems:
             return ToolOutcome(False, error=f"{call.name}: " + "; ".join(problems))
         return None
+
+    def _remote(self, call: ToolCall) -> bool:
+        return self.session is not None and call.name not in self.sources and call.name in self.session.tools.names
 
     def _job(self, call: ToolCall) -> tuple[list[str], str, dict[str, Any], Limits]:
         return [self.sources[call.name]], call.name, call.arguments, self.limits
@@ -144,9 +166,14 @@ class ToolUseEnv(SyncEnvironment):
         info = {"label": label, "matched_gold": sorted(matched), "turn": self.turn}
         return tool_step(messages, self.done, invalid, calls, info)
 
+    def grade(self, answer: str) -> float:
+        """The final answer's grade (``judge``); a subclass may grade the episode's trace too."""
+        assert self.task is not None
+        return float(self.judge(self.task, answer))
+
     def _finish(self, parsed: ParsedAction) -> StepResult:
         assert self.task is not None and parsed.answer is not None
-        score = float(self.judge(self.task, parsed.answer))
+        score = self.grade(parsed.answer)
         correct = score >= 1.0
         self.done = True
         info = {"label": int(correct), "matched_gold": [], "turn": self.turn, "correct": correct}

@@ -13,6 +13,7 @@ from typing import Any
 
 from envs.base import Environment, SplitTaskSource, Task, exact_match, replay_gold_calls
 from envs.config import ToolUseConfig
+from envs.mcp.tools import offer_mcp_tools
 from envs.tool_use.env import ToolUseEnv
 from envs.tool_use.files import load_tool_tasks
 from envs.tool_use.generator import SYSTEM_PROMPT, TOOL_SCHEMAS, generate_tasks
@@ -59,12 +60,13 @@ class ToolUseTaskSource(SplitTaskSource):
             self.splits = generate_tasks(
                 cfg.seed, cfg.num_train_tasks, cfg.num_heldout_tasks, cfg.min_calls, cfg.max_calls
             )
+        self.mcp = offer_mcp_tools(self.splits, cfg.mcp)
 
     def make_env(self) -> Environment:
         return self.make_tool_env()
 
     def make_tool_env(self) -> ToolUseEnv:
-        return ToolUseEnv(self.limits, self.cfg.max_turns, judge=self.success)
+        return ToolUseEnv(self.limits, self.cfg.max_turns, judge=self.success, mcp=self.mcp)
 
     def success(self, task: Task, answer: str | None) -> bool:
         return numeric_match(answer, task.gold_answers)
