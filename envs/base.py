@@ -104,7 +104,9 @@ class Environment(ABC):
     async def reset(self, task: Task) -> Observation:
         """Start an episode; the returned anchor is the first observation.
 
-        ``messages`` is usually empty: the opening messages are ``task.messages``.
+        ``messages`` is usually empty: the opening messages are ``task.messages``. An environment
+        that learns its opening observation only now (an external server's ``reset``) returns it
+        as ``messages``, which the prompt shows after ``task.messages``.
         """
 
     @abstractmethod
@@ -189,11 +191,13 @@ def answer_step(
 class TaskSource(ABC):
     """Train/held-out tasks, demonstrations for SFT and a factory for episodes."""
 
+    success_at: float = 1.0
+    """With ``scores_outcome``: the outcome at or above which an episode counts as a success."""
     scores_outcome: bool = False
     """True when the environment grades episodes itself (a task family's scorer, a rubric, an
     external environment's rewards): an episode's outcome is then the sum of its steps' rewards,
     not a match of its answer against ``gold_answers`` (which IG may still use), and it succeeded
-    when that sum is at least 1.0."""
+    when that sum is at least ``success_at``."""
 
     @abstractmethod
     def tasks(self, split: str) -> list[Task]:

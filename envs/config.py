@@ -6,31 +6,56 @@ environment code (``envs.registry`` maps each ``type`` to its factory).
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class McpServerConfig(BaseModel):
-    """One MCP server whose tools the environment offers: a command the run starts (stdio) or a
-    URL it connects to (streamable HTTP). Over the run service, only ``name`` is submitted: the
-    operator's ``admission.mcp_servers`` entry of that name supplies the rest."""
+class ServerLaunch(BaseModel):
+    """What runs or is reached for an external server: a command the run starts, or a URL. The
+    fields every kind of server (MCP, OpenEnv) shares; over the run service they are the
+    operator's, never the submitter's."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     """The server's name in this config (and in the operator's allowlist): errors name it."""
     command: str | None = None
-    """stdio: the program to start (``python``, ``uvx``, ``npx`` ...), one process per
-    environment actor (per episode when ``stateful``)."""
+    """The program to start (``python``, ``uvx``, ``npx``, ``uvicorn`` ...)."""
     args: list[str] = []
-    """stdio: its arguments."""
+    """Its arguments."""
     env: dict[str, str] = {}
-    """stdio: environment variables set for it, on top of a minimal environment (PATH, HOME ...)."""
+    """Environment variables set for it, on top of a minimal environment (PATH, HOME ...)."""
     cwd: str | None = None
-    """stdio: its working directory (None: the run's)."""
+    """Its working directory (None: the run's)."""
     url: str | None = None
-    """streamable HTTP: the server's endpoint (``http://host:port/mcp``)."""
+    """A server already running, instead of a command."""
+
+    @model_validator(mode="after")
+    def _check_launch(self) -> ServerLaunch:
+        if self.command is not None and self.url is not None:
+            raise ValueError(f"server {self.name!r}: set command (a process the run starts) or url, not both")
+        if self.url is not None and (self.args or self.env or self.cwd):
+            raise ValueError(f"server {self.name!r}: args, env and cwd apply to a command, not to a url")
+        return self
+
+    def launchable(self) -> bool:
+        """Whether it names what to start or reach (over the run service, the operator fills it)."""
+        return self.command is not None or self.url is not None
+
+    def process_env(self) -> dict[str, str]:
+        """The started process's environment: ``env`` over a minimal one (no secrets of the run's)."""
+        keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
+        return {k: os.environ[k] for k in keep if k in os.environ} | self.env
+
+
+class McpServerConfig(ServerLaunch):
+    """One MCP server whose tools the environment offers: a command the run starts (stdio, one
+    process per environment actor, per episode when ``stateful``) or a URL it connects to
+    (streamable HTTP, ``http://host:port/mcp``). Over the run service, only ``name`` is submitted:
+    the operator's ``admission.mcp_servers`` entry of that name supplies the rest."""
+
     tools: list[str] | None = None
     """Only these of its tools are offered (None: every tool ``list_tools`` returns)."""
     call_timeout_s: float = Field(default=30.0, gt=0, le=600)
@@ -38,18 +63,6 @@ class McpServerConfig(BaseModel):
     stateful: bool = False
     """True: each episode gets a server of its own (tools that keep state between calls, such
     as a scratch database); False: one server per environment actor, shared by its episodes."""
-
-    @model_validator(mode="after")
-    def _check(self) -> McpServerConfig:
-        if self.command is not None and self.url is not None:
-            raise ValueError(f"mcp server {self.name!r}: set command (stdio) or url (streamable HTTP), not both")
-        if self.url is not None and (self.args or self.env or self.cwd):
-            raise ValueError(f"mcp server {self.name!r}: args, env and cwd apply to a command, not to a url")
-        return self
-
-    def launchable(self) -> bool:
-        """Whether it names what to start or reach (over the run service, the operator fills it)."""
-        return self.command is not None or self.url is not None
 
 
 McpServers = Annotated[list[McpServerConfig], Field(default=[])]
@@ -372,6 +385,58 @@ class ReasoningGymConfig(BaseModel):
         return self.max_turns or (4 if self.tools or self.mcp else 1)
 
 
+class OpenEnvServerConfig(ServerLaunch):
+    """Where an OpenEnv environment server runs: a local process the run starts (one per
+    environment actor, started again if it dies; ``{port}`` in ``command`` or ``args`` becomes a
+    free loopback port, e.g. ``["-m", "uvicorn", "my_env.server.app:app", "--port", "{port}"]``)
+    or a URL (``http://host:8000``). Over the run service, only ``name`` is submitted: the
+    operator's ``admission.openenv_servers`` entry of that name supplies the rest."""
+
+    start_timeout_s: float = Field(default=60.0, gt=0, le=600)
+    """Seconds for a started server to answer ``GET /health``."""
+
+
+class OpenEnvConfig(BaseModel):
+    """An OpenEnv environment (``reset``/``step`` over its WebSocket protocol) as episodes and turns."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["openenv"] = "openenv"
+    """Selects this environment."""
+    server: OpenEnvServerConfig
+    """The environment server."""
+    action: Literal["tool", "text"] = "tool"
+    """How a reply becomes an action. ``tool``: the server's action schema (``GET /schema``) is
+    offered as one tool, ``tool_name``, whose call's arguments are the action. ``text``: the
+    reply's text is the action's ``text_field``."""
+    tool_name: str = Field(default="step", pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+    """The tool's name with ``action: tool``."""
+    tool_description: str = "Take an action in the environment."
+    """The tool's description with ``action: tool``."""
+    text_field: str = "message"
+    """The action field the reply's text fills with ``action: text``."""
+    observation_field: str | None = None
+    """The observation field shown to the policy (None: every field but done, reward and
+    metadata, as JSON; a lone text field as its text)."""
+    system_prompt: str = "You are acting in an environment. Each message shows what it returned; act until it ends."
+    """The system message of every episode."""
+    seed: int = Field(default=0, ge=0)
+    """Train episodes reset with seeds ``seed * 10**7 + i`` and held-out ones with the seeds
+    after them: the splits never share a seed."""
+    num_train_tasks: int = Field(default=1000, ge=1, le=10**6)
+    """Train episodes (reset seeds)."""
+    num_heldout_tasks: int = Field(default=100, ge=0, le=10**6)
+    """Held-out episodes (reset seeds)."""
+    reset_args: dict[str, Any] = {}
+    """Extra keyword arguments of every ``reset`` (the environment's own: difficulty, task name ...)."""
+    max_turns: int = Field(default=16, ge=1, le=400)
+    """Assistant turns before the episode ends (done or not)."""
+    step_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """Seconds for ``reset`` or one ``step`` to answer; past it the episode fails with that cause."""
+    success_at: float = 1.0
+    """An episode whose rewards sum to at least this counts as a success."""
+
+
 class McpTasksConfig(BaseModel):
     """Prompts answered with the tools of MCP servers, checked on the final answer and/or the
     tool-call trace (``docs/envs.md``, "Tools from MCP servers")."""
@@ -401,6 +466,7 @@ class McpTasksConfig(BaseModel):
         return self
 
 
-EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig | McpTasksConfig,
+EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig | McpTasksConfig
+                     | OpenEnvConfig,
                       Field(discriminator="type")]
 """Any environment's config, chosen by its ``type`` field."""

@@ -51,6 +51,12 @@ def _mcp_tasks(cfg: Any) -> TaskSource:
     return McpTasksSource(cfg)
 
 
+def _openenv(cfg: Any) -> TaskSource:
+    from envs.openenv.source import OpenEnvSource
+
+    return OpenEnvSource(cfg)
+
+
 ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "search_qa": _search_qa,
     "tool_use": _tool_use,
@@ -58,6 +64,7 @@ ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "bfcl": _bfcl,
     "reasoning_gym": _reasoning_gym,
     "mcp_tasks": _mcp_tasks,
+    "openenv": _openenv,
 }
 """Config ``type`` -> factory. A new environment is a config class in ``envs.config`` plus an
 entry here."""

@@ -61,7 +61,9 @@ async def run_episode(
     try:
         env.chat_format = chat_format
         obs = await env.reset(task)
-        traj.prompt_ids = chat.prompt_ids(tok, task.messages, task.tools, chat_format)
+        # An environment that shows its opening observation only on reset (an external server's)
+        # returns it as messages; the built-in ones put it in task.messages and return none.
+        traj.prompt_ids = chat.prompt_ids(tok, [*task.messages, *obs.messages], task.tools, chat_format)
         window = _Window(max_context_tokens, history_turns, chat_format)
         await _play(engine, env, traj, obs.anchor, params, window, timings)
     except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the run

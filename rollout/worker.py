@@ -66,7 +66,7 @@ class RolloutWorker:
         for traj in trajs:
             if self.source.scores_outcome and traj.error is None:  # the environment grades episodes
                 traj.env_outcome = sum(t.rewards.get("env") or 0.0 for t in traj.turns)
-                traj.success = traj.env_outcome >= 1.0
+                traj.success = traj.env_outcome >= self.source.success_at
             else:
                 traj.success = traj.error is None and self.source.success(task, traj.answer)
             traj.worker = self.worker_id

@@ -54,6 +54,8 @@ class Rule:
     urls: bool = False
     """For ``model`` and ``data``: the runtime also reads ``scheme://`` URLs here
     (``storage.local_model``), so one under ``admission.storage_urls`` is allowed."""
+    servers: str = ""
+    """For ``server`` and ``launch``: the ``admission`` list of the operator's servers of this kind."""
 
 
 KINDS = {
@@ -67,8 +69,8 @@ KINDS = {
     "redis_url": "a host: 'embedded' or one of admission.redis_servers",
     "redis_password": "an environment variable: the matched admission.redis_servers entry's",
     "env_overrides": "environment keys: checked as the environment config they produce",
-    "mcp_server": "an MCP server: one of admission.mcp_servers, by name; the operator's entry says what runs",
-    "mcp_launch": "what an MCP server runs or reaches: the operator's (admission.mcp_servers), never submitted",
+    "server": "an external server (MCP, OpenEnv): one of the operator's, by name; their entry says what runs",
+    "launch": "what an external server runs or reaches: the operator's entry, never submitted",
     "inert": "text that names no code, file or host",
 }
 
@@ -119,12 +121,15 @@ RULES: dict[str, Rule] = {
                                      "requires live.tokens"),
     "LiveConfig.model_name": Rule("inert", "the model id the endpoint reports"),
     "LiveConfig.tokens": Rule("inert", "bearer tokens the run's own endpoint accepts"),
-    "McpServerConfig.name": Rule("mcp_server"),
-    "McpServerConfig.command": Rule("mcp_launch"),
-    "McpServerConfig.args": Rule("mcp_launch"),
-    "McpServerConfig.env": Rule("mcp_launch"),
-    "McpServerConfig.cwd": Rule("mcp_launch"),
-    "McpServerConfig.url": Rule("mcp_launch"),
+    **{f"{cls}.{field}": Rule("server" if field == "name" else "launch", servers=servers)
+       for cls, servers in (("McpServerConfig", "mcp_servers"), ("OpenEnvServerConfig", "openenv_servers"))
+       for field in ("name", "command", "args", "env", "cwd", "url")},
+    "OpenEnvConfig.tool_name": Rule("inert", "the name the policy calls the action tool by"),
+    "OpenEnvConfig.tool_description": Rule("inert", "tool description text"),
+    "OpenEnvConfig.text_field": Rule("inert", "an action field's name"),
+    "OpenEnvConfig.observation_field": Rule("inert", "an observation field's name"),
+    "OpenEnvConfig.system_prompt": Rule("inert", "prompt text"),
+    "OpenEnvConfig.reset_args": Rule("inert", "keyword arguments of the operator's environment's own reset"),
     "McpServerConfig.tools": Rule("inert", "names of the server's tools to offer, matched against its list_tools"),
     "McpTasksConfig.train_path": Rule("data"),
     "McpTasksConfig.heldout_path": Rule("data"),
@@ -400,20 +405,21 @@ class _Walk:
             self.refuse(loc, f"{value!r} is not allowed: allowed judge functions are {allowed} "
                              "(admission.judge_functions)", "callable")
 
-    def _mcp_server(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
-        allowed = {s.name: s for s in self.adm.adm.mcp_servers}
+    def _server(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
+        allowed = {s.name: s for s in getattr(self.adm.adm, rule.servers)}
         if value not in allowed:
-            self.refuse(loc, f"{value!r} is not allowed: allowed MCP servers are {sorted(allowed)} "
-                             "(admission.mcp_servers)", "mcp_server")
+            self.refuse(loc, f"{value!r} is not allowed: allowed servers are {sorted(allowed)} "
+                             f"(admission.{rule.servers})", "server")
             return
-        server = allowed[value]
-        for field in ("command", "args", "env", "cwd", "url", "stateful"):  # what runs is the operator's
-            _set(self.tree, (*loc[:-1], field), server.model_dump(mode="json")[field])
+        operators = allowed[value].model_dump(mode="json")
+        for field in ("command", "args", "env", "cwd", "url", "stateful", "start_timeout_s"):
+            if field in operators:  # what runs, and how, is the operator's
+                _set(self.tree, (*loc[:-1], field), operators[field])
 
-    def _mcp_launch(self, loc: tuple[str, ...], rule: Rule, value: Any, holder: BaseModel) -> None:
+    def _launch(self, loc: tuple[str, ...], rule: Rule, value: Any, holder: BaseModel) -> None:
         if value not in (None, [], {}):
-            self.refuse(loc, "MCP servers are the operator's: give only their name (one of admission.mcp_servers) "
-                             f"and remove {loc[-1]}", "mcp_launch")
+            self.refuse(loc, f"servers are the operator's: give only their name (one of admission.{rule.servers}) "
+                             f"and remove {loc[-1]}", "launch")
 
     def _executable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
         binary = self.adm.adm.redis_server_binary

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from cluster.config import PoolConfig
-from envs.config import McpServerConfig
+from envs.config import McpServerConfig, OpenEnvServerConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 
@@ -175,6 +175,9 @@ class AdmissionConfig(BaseModel):
     environment or URL and ``stateful`` are these entries', never the submitter's (who may narrow
     ``tools`` and set ``call_timeout_s``). A stdio server runs as the service's user inside the
     run's actors: list only servers you trust. Empty (the default): no MCP servers."""
+    openenv_servers: list[OpenEnvServerConfig] = []
+    """OpenEnv environment servers a run's ``env.server`` (``env.type: openenv``) may name, by
+    ``name`` alone: what runs or is reached is these entries'. Empty (the default): none."""
     redis_server_binary: str = "redis-server"
     """The redis-server executable embedded replay starts (``replay.server_binary``): the
     operator's choice only; a submitted ``replay.server_binary`` that differs is refused."""
@@ -184,13 +187,14 @@ class AdmissionConfig(BaseModel):
     runs only. None: each run caches inside its own directory (rebuilt by every run)."""
 
     @model_validator(mode="after")
-    def _check_mcp(self) -> AdmissionConfig:
-        names = [m.name for m in self.mcp_servers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"mcp_servers names a server twice ({names})")
-        unset = [m.name for m in self.mcp_servers if not m.launchable()]
-        if unset:
-            raise ValueError(f"mcp_servers {unset}: give each a command (stdio) or a url (streamable HTTP)")
+    def _check_servers(self) -> AdmissionConfig:
+        for field in ("mcp_servers", "openenv_servers"):
+            names = [m.name for m in getattr(self, field)]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{field} names a server twice ({names})")
+            unset = [m.name for m in getattr(self, field) if not m.launchable()]
+            if unset:
+                raise ValueError(f"{field} {unset}: give each a command or a url")
         return self
 
 

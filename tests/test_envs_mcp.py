@@ -181,7 +181,7 @@ def test_a_bad_task_record_is_refused_naming_file_record_and_field(tmp_path: Pat
 
 
 @pytest.mark.parametrize("server, message", [
-    ({"name": "x", "command": "python", "url": "http://h/mcp"}, "set command (stdio) or url"),
+    ({"name": "x", "command": "python", "url": "http://h/mcp"}, "set command (a process the run starts) or url"),
     ({"name": "x", "url": "http://h/mcp", "args": ["-v"]}, "apply to a command"),
     ({"name": "bad name", "command": "python"}, "String should match pattern"),
 ])

@@ -106,9 +106,9 @@ def test_mcp_servers_are_the_operators_named_never_launched_by_the_submitter(ser
                                   "cwd": None, "url": None, "tools": ["convert_time"], "call_timeout_s": 5.0, "stateful": False}]
     errors = refused(service, {"env": {"type": "tool_use", "mcp": [
         {"name": "time", "command": "sh", "args": ["-c", "cat /etc/passwd"]}, {"name": "shell", "url": "http://10.0.0.1/mcp"}]}})
-    launch = "MCP servers are the operator's: give only their name (one of admission.mcp_servers) and remove "
+    launch = "servers are the operator's: give only their name (one of admission.mcp_servers) and remove "
     assert errors == {"env.mcp.0.command": launch + "command", "env.mcp.0.args": launch + "args",
-                      "env.mcp.1.name": "'shell' is not allowed: allowed MCP servers are ['time'] (admission.mcp_servers)",
+                      "env.mcp.1.name": "'shell' is not allowed: allowed servers are ['time'] (admission.mcp_servers)",
                       "env.mcp.1.url": launch + "url"}
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -25,7 +24,6 @@ from envs.tool_use.sandbox import ToolOutcome
 
 CONNECT_TIMEOUT_S = 60.0
 """Start-up and ``list_tools`` of a server (a ``uvx``/``npx`` server may install itself first)."""
-_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
 
 
 class McpUnavailable(RuntimeError):
@@ -46,8 +44,7 @@ def _target(cfg: McpServerConfig) -> Any:
         return cfg.url
     if cfg.command is None:
         raise McpUnavailable(f"mcp server {cfg.name!r} names no command or url")
-    env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ} | cfg.env
-    return mcp.StdioServerParameters(command=cfg.command, args=cfg.args, env=env, cwd=cfg.cwd)
+    return mcp.StdioServerParameters(command=cfg.command, args=cfg.args, env=cfg.process_env(), cwd=cfg.cwd)
 
 
 def openai_tool(tool: Any) -> dict[str, Any]:
