@@ -437,6 +437,23 @@ class OpenEnvConfig(BaseModel):
     """An episode whose rewards sum to at least this counts as a success."""
 
 
+class CustomEnvConfig(BaseModel):
+    """Your own environment: a task source you wrote against ``envs.base`` (``docs/envs.md``,
+    "Bring your environment"), built by a function you name."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["custom"] = "custom"
+    """Selects this environment."""
+    source: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """``package.module:name``: a callable (a TaskSource class or a function) that takes ``args``
+    as keyword arguments and returns an ``envs.base.TaskSource``. Imported in every process that
+    runs episodes, so its module must be importable there. Over the run service, only one of the
+    operator's ``admission.env_sources``."""
+    args: dict[str, Any] = {}
+    """Keyword arguments of ``source``."""
+
+
 class McpTasksConfig(BaseModel):
     """Prompts answered with the tools of MCP servers, checked on the final answer and/or the
     tool-call trace (``docs/envs.md``, "Tools from MCP servers")."""
@@ -467,6 +484,6 @@ class McpTasksConfig(BaseModel):
 
 
 EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig | McpTasksConfig
-                     | OpenEnvConfig,
+                     | OpenEnvConfig | CustomEnvConfig,
                       Field(discriminator="type")]
 """Any environment's config, chosen by its ``type`` field."""

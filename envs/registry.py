@@ -6,6 +6,7 @@ does not import bm25s, subprocess tooling or any environment module.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,21 @@ def _openenv(cfg: Any) -> TaskSource:
     return OpenEnvSource(cfg)
 
 
+def _custom(cfg: Any) -> TaskSource:
+    module_name, _, name = cfg.source.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"env.source {cfg.source!r} cannot be imported: {exc}") from None
+    try:
+        source = factory(**cfg.args)
+    except TypeError as exc:
+        raise ValueError(f"env.args do not fit env.source {cfg.source!r}: {exc}") from None
+    if not isinstance(source, TaskSource):
+        raise ValueError(f"env.source {cfg.source!r} returned a {type(source).__name__}, not an envs.base.TaskSource")
+    return source
+
+
 ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "search_qa": _search_qa,
     "tool_use": _tool_use,
@@ -65,6 +81,7 @@ ENVS: dict[str, Callable[[Any], TaskSource]] = {
     "reasoning_gym": _reasoning_gym,
     "mcp_tasks": _mcp_tasks,
     "openenv": _openenv,
+    "custom": _custom,
 }
 """Config ``type`` -> factory. A new environment is a config class in ``envs.config`` plus an
 entry here."""

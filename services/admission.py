@@ -54,8 +54,9 @@ class Rule:
     urls: bool = False
     """For ``model`` and ``data``: the runtime also reads ``scheme://`` URLs here
     (``storage.local_model``), so one under ``admission.storage_urls`` is allowed."""
-    servers: str = ""
-    """For ``server`` and ``launch``: the ``admission`` list of the operator's servers of this kind."""
+    allowlist: str = ""
+    """For ``server``, ``launch`` and ``callable``: the ``admission`` list of what the operator
+    allows there (servers of this kind, functions)."""
 
 
 KINDS = {
@@ -64,7 +65,7 @@ KINDS = {
              "runtime reads URLs) a URL under admission.storage_urls",
     "data": "a file read: an existing path under admission.data_roots",
     "write": "a directory written: a relative path, placed inside the run's own directory",
-    "callable": "code: one of admission.judge_functions",
+    "callable": "code: one of the operator's (admission.judge_functions, admission.env_sources)",
     "executable": "a program: admission's, never a submitted one",
     "redis_url": "a host: 'embedded' or one of admission.redis_servers",
     "redis_password": "an environment variable: the matched admission.redis_servers entry's",
@@ -110,7 +111,9 @@ RULES: dict[str, Rule] = {
     "PRMConfig.bad_token": Rule("inert", "a token's text"),
     "PRMTrainConfig.init_from": Rule("model", also=("policy",), urls=True),
     "JudgeConfig.path": Rule("model", urls=True),
-    "JudgeConfig.function": Rule("callable"),
+    "JudgeConfig.function": Rule("callable", allowlist="judge_functions"),
+    "CustomEnvConfig.source": Rule("callable", allowlist="env_sources"),
+    "CustomEnvConfig.args": Rule("inert", "keyword arguments of an operator's environment source"),
     "JudgeConfig.rubric": Rule("inert", "prompt text"),
     "RewardsConfig.weights": Rule("inert", "source name -> float"),
     "ReplayConfig.url": Rule("redis_url"),
@@ -121,7 +124,7 @@ RULES: dict[str, Rule] = {
                                      "requires live.tokens"),
     "LiveConfig.model_name": Rule("inert", "the model id the endpoint reports"),
     "LiveConfig.tokens": Rule("inert", "bearer tokens the run's own endpoint accepts"),
-    **{f"{cls}.{field}": Rule("server" if field == "name" else "launch", servers=servers)
+    **{f"{cls}.{field}": Rule("server" if field == "name" else "launch", allowlist=servers)
        for cls, servers in (("McpServerConfig", "mcp_servers"), ("OpenEnvServerConfig", "openenv_servers"))
        for field in ("name", "command", "args", "env", "cwd", "url")},
     "OpenEnvConfig.tool_name": Rule("inert", "the name the policy calls the action tool by"),
@@ -400,16 +403,17 @@ class _Walk:
         _set(self.tree, loc, str(path))
 
     def _callable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
-        allowed = self.adm.adm.judge_functions
+        allowed = getattr(self.adm.adm, rule.allowlist)
         if value not in allowed:
-            self.refuse(loc, f"{value!r} is not allowed: allowed judge functions are {allowed} "
-                             "(admission.judge_functions)", "callable")
+            what = "judge functions" if rule.allowlist == "judge_functions" else "environment sources"
+            self.refuse(loc, f"{value!r} is not allowed: allowed {what} are {allowed} "
+                             f"(admission.{rule.allowlist})", "callable")
 
     def _server(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
-        allowed = {s.name: s for s in getattr(self.adm.adm, rule.servers)}
+        allowed = {s.name: s for s in getattr(self.adm.adm, rule.allowlist)}
         if value not in allowed:
             self.refuse(loc, f"{value!r} is not allowed: allowed servers are {sorted(allowed)} "
-                             f"(admission.{rule.servers})", "server")
+                             f"(admission.{rule.allowlist})", "server")
             return
         operators = allowed[value].model_dump(mode="json")
         for field in ("command", "args", "env", "cwd", "url", "stateful", "start_timeout_s"):
@@ -418,7 +422,7 @@ class _Walk:
 
     def _launch(self, loc: tuple[str, ...], rule: Rule, value: Any, holder: BaseModel) -> None:
         if value not in (None, [], {}):
-            self.refuse(loc, f"servers are the operator's: give only their name (one of admission.{rule.servers}) "
+            self.refuse(loc, f"servers are the operator's: give only their name (one of admission.{rule.allowlist}) "
                              f"and remove {loc[-1]}", "launch")
 
     def _executable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:

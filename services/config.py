@@ -170,6 +170,10 @@ class AdmissionConfig(BaseModel):
     redis_servers: list[RedisServerConfig] = []
     """Remote Redis servers ``replay.url`` may name. ``embedded`` (a redis-server of the run's
     own, data in its run directory) is always allowed."""
+    env_sources: list[str] = []
+    """``package.module:name`` environment sources a run's ``env.source`` (``env.type: custom``)
+    may name. Each runs as the service's user in the run's actors: list only code you wrote or
+    trust. Empty (the default): no custom environments."""
     mcp_servers: list[McpServerConfig] = []
     """MCP servers a run's ``env.mcp`` may name (by ``name`` alone): the command, arguments,
     environment or URL and ``stateful`` are these entries', never the submitter's (who may narrow

@@ -1,64 +1,27 @@
-"""An OpenEnv environment written with openenv-core, for tests/test_envs_openenv.py.
-
-Guess the number: ``reset(seed=s)`` picks a secret in 1..20 from the seed; each ``step`` takes a
-``guess`` and answers "higher", "lower" or "correct" (reward 1.0, done). Two guesses break the
-server on purpose: 0 makes it hang, -1 kills its process. ``python tests/openenv_server.py PORT``
-serves it with uvicorn on 127.0.0.1:PORT.
-"""
+"""examples/envs/guess_server.py's environment with two guesses that break the server on purpose,
+for tests/test_envs_openenv.py: 0 makes its step hang, -1 kills the process.
+``python tests/openenv_server.py PORT`` serves it on 127.0.0.1:PORT."""
 
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
-import uuid
+from pathlib import Path
 
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-class GuessAction(Action):
-    guess: int = Field(..., description="Your guess, an integer from 1 to 20")
+from examples.envs.guess_server import GuessEnvironment, serve  # noqa: E402
 
 
-class GuessObservation(Observation):
-    feedback: str = Field(default="", description="higher, lower or correct")
-
-
-class GuessEnvironment(Environment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._state = State(episode_id=None, step_count=0)
-        self.secret = 0
-
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> GuessObservation:
-        self.secret = random.Random(seed).randint(1, 20)
-        self._state = State(episode_id=episode_id or uuid.uuid4().hex, step_count=0)
-        return GuessObservation(feedback="I picked a number from 1 to 20. Guess it.", reward=0.0)
-
-    def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs) -> GuessObservation:
-        self._state.step_count += 1
+class BreakableGuess(GuessEnvironment):
+    def step(self, action, timeout_s=None, **kwargs):
         if action.guess == 0:
             time.sleep(3600)
         if action.guess == -1:
             os._exit(5)
-        if action.guess == self.secret:
-            return GuessObservation(feedback="correct", reward=1.0, done=True)
-        return GuessObservation(feedback="higher" if action.guess < self.secret else "lower", reward=0.0)
+        return super().step(action, timeout_s, **kwargs)
 
-    @property
-    def state(self) -> State:
-        return self._state
-
-
-app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=64)
 
 if __name__ == "__main__":
-    import uvicorn
-
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    serve(BreakableGuess, int(sys.argv[1]))

@@ -1,4 +1,5 @@
-"""OpenEnv environments: an environment written with openenv-core (tests/openenv_server.py),
+"""OpenEnv environments: an environment written with openenv-core (examples/envs/guess_server.py,
+made breakable by tests/openenv_server.py),
 served by uvicorn in a process the source starts, driven over openenv-core's WebSocket client:
 reset seeds as tasks, steps as turns, its rewards as the outcome; bad actions as observations; a
 server that hangs or dies fails one episode and is started again for the next."""
@@ -110,3 +111,13 @@ def test_text_actions_and_a_server_that_cannot_start(tmp_path: Path) -> None:
         assert step.reward == 1.0 and step.done
     finally:
         text.server.stop()
+
+
+def test_a_reward_the_environment_cannot_give_is_refused_naming_why(source) -> None:
+    from cluster.config import build_config
+    from cluster.requirements import check_requirements
+
+    cfg = build_config({"env": CONFIG, "rewards": {"ig": {}}, "learner": {"estimator": {"type": "igpo"}}})
+    with pytest.raises(ValueError, match="rewards.ig needs gold_answers, which env type 'openenv' does not provide"):
+        check_requirements(cfg, source)
+    check_requirements(build_config({"env": CONFIG, "learner": {"estimator": {"type": "gigpo"}}}), source)  # anchors: given

@@ -53,6 +53,7 @@ def service_config(tmp: Path, roots: Path, **extra: Any) -> ServiceConfig:
                  "storage_urls": [STORE_OK],
                  "redis_servers": [{"url": REDIS_OK, "password_env": "REPLAY_REDIS_PASSWORD"}],
                  "redis_server_binary": "/opt/redis/bin/redis-server",
+                 "env_sources": ["examples.envs.sums:SumSource"],
                  "mcp_servers": [{"name": "time", "command": "/opt/mcp/python", "args": ["-m", "mcp_server_time"]}],
                  **extra.pop("admission", {})}
     return ray_down(tmp / "state", jobs={"working_dir": str(roots)}, admission=admission,
@@ -110,6 +111,14 @@ def test_mcp_servers_are_the_operators_named_never_launched_by_the_submitter(ser
     assert errors == {"env.mcp.0.command": launch + "command", "env.mcp.0.args": launch + "args",
                       "env.mcp.1.name": "'shell' is not allowed: allowed servers are ['time'] (admission.mcp_servers)",
                       "env.mcp.1.url": launch + "url"}
+
+
+def test_a_custom_environment_is_one_of_the_operators_sources(service: Service) -> None:
+    errors = refused(service, {"env": {"type": "custom", "source": "os:system", "args": {"command": "id"}}})
+    assert errors == {"env.source": "'os:system' is not allowed: allowed environment sources are "
+                                     "['examples.envs.sums:SumSource'] (admission.env_sources)"}
+    cfg = admitted(service, {"env": {"type": "custom", "source": "examples.envs.sums:SumSource", "args": {"seed": 3}}})
+    assert cfg["env"] == {"type": "custom", "source": "examples.envs.sums:SumSource", "args": {"seed": 3}}
 
 
 def test_an_allowed_judge_function_is_admitted(service: Service) -> None:
