@@ -361,7 +361,7 @@ class ReasoningGymConfig(BaseModel):
     """Tools offered: ``python`` runs the model's code in the tool sandbox (``envs.tool_use``'s
     limited process) and shows what it printed. None: a single-turn question."""
     max_turns: int | None = Field(default=None, ge=1, le=64)
-    """Assistant turns; None: 1 without tools, 4 with them."""
+    """Assistant turns; None (the default): 1 without tools, 4 with them, filled in when the config is read."""
     tool_timeout_s: float = Field(default=5.0, gt=0, le=300)
     """Wall-clock limit of one python call; past it the call is killed and reported."""
     tool_memory_mb: int = Field(default=256, ge=64, le=65536)
@@ -378,11 +378,9 @@ class ReasoningGymConfig(BaseModel):
         if (self.tools or self.mcp) and self.max_turns == 1:
             raise ValueError("max_turns=1 leaves no turn to answer after a tool call: "
                              "set max_turns >= 2, or tools: []")
+        if self.max_turns is None:  # filled in here, so every reader sees a number
+            self.max_turns = 4 if self.tools or self.mcp else 1
         return self
-
-    def turns(self) -> int:
-        """Assistant turns an episode may take."""
-        return self.max_turns or (4 if self.tools or self.mcp else 1)
 
 
 class OpenEnvServerConfig(ServerLaunch):

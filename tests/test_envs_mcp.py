@@ -161,7 +161,7 @@ def test_other_environments_take_mcp_tools(tmp_path: Path) -> None:
     source = make_task_source({"type": "reasoning_gym", "num_train_tasks": 2, "num_heldout_tasks": 1,
                                "tasks": [{"name": "basic_arithmetic"}], "mcp": [TEST | {"tools": ["add"]}]})
     task = source.tasks("train")[0]
-    assert [t["function"]["name"] for t in task.tools] == ["add"] and source.cfg.turns() == 4
+    assert [t["function"]["name"] for t in task.tools] == ["add"] and source.cfg.max_turns == 4
     added, unknown = _play(source.make_env(), task, [call("add", a=2, b=2), call("counter")])
     assert added.observation.messages[0]["content"] == "4" and not added.invalid_action
     assert unknown.invalid_action and "available tools: add" in unknown.observation.messages[0]["content"]

@@ -79,7 +79,7 @@ def test_partial_credit_is_the_reward_and_the_outcome() -> None:
 def test_the_python_tool_runs_in_the_sandbox_and_errors_are_observations() -> None:
     source = make_task_source(MIX | {"tools": ["python"]})
     task = source.tasks("train")[0]
-    assert [t["function"]["name"] for t in task.tools] == ["python"] and source.cfg.turns() == 4
+    assert [t["function"]["name"] for t in task.tools] == ["python"] and source.cfg.max_turns == 4
     gold = task.gold_answers[0]
     code = "print(sum([2, 3]))"
     ran, failed, unknown, answered = _play(source, task, [

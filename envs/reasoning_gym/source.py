@@ -152,7 +152,7 @@ class ReasoningGymTaskSource(SplitTaskSource):
         return self.score(task, answer) >= 1.0
 
     def make_env(self) -> Environment:
-        return ToolUseEnv(self.limits, self.cfg.turns(), judge=self.score, mcp=self.mcp)
+        return ToolUseEnv(self.limits, self.cfg.max_turns, judge=self.score, mcp=self.mcp)
 
     def demonstration(self, task: Task) -> list[dict[str, Any]]:
         """The generator's answer, given at once."""
