@@ -39,10 +39,11 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "credit_search_qa.yaml"
 METHODS: dict[str, tuple[str, ...]] = {
     "grpo": ("learner.estimator.type=grpo",),
-    "igpo": ("learner.estimator.type=igpo", "rewards.ig={}"),
+    # The model scorer (IG, the PRM) shares the 2 cores like every actor (addendum 3).
+    "igpo": ("learner.estimator.type=igpo", "rewards.ig={}", "rewards.service.scorer_num_cpus=0"),
     "matchtir": ("learner.estimator.type=matchtir", "rewards.match={}"),
     "gigpo": ("learner.estimator.type=gigpo",),
-    "prm": ("learner.estimator.type=prm",),  # rewards.prm names the PRM ``prepare_prm`` trains
+    "prm": ("learner.estimator.type=prm", "rewards.service.scorer_num_cpus=0"),  # rewards.prm: ``prepare_prm``'s PRM
 }
 """Each method's overrides; everything else (task, warm start, lr, batch) is the config's."""
 SEEDS = (0, 1, 2)
