@@ -122,6 +122,8 @@ class SearchQAConfig(BaseModel):
     from training answers a held-out question, only searching and reading transfer."""
     data: SearchDataConfig | None = None
     """Real question and corpus files instead of the synthetic world."""
+    mcp: McpServers
+    """MCP servers whose tools every task offers beside ``search`` (``docs/envs.md``)."""
 
     @model_validator(mode="after")
     def _check(self) -> SearchQAConfig:
@@ -278,6 +280,8 @@ class HouseholdConfig(BaseModel):
     """Most rooms besides the kitchen: each world has between 1 and this many (0: the kitchen
     alone, about ten receptacles, where a "place" plan is 3-6 actions). Smaller worlds give
     shorter observations and admissible lists, so episodes and training rows cost less."""
+    mcp: McpServers
+    """MCP servers whose tools every task offers beside the world's actions (``docs/envs.md``)."""
 
 
 class BfclConfig(BaseModel):
@@ -316,6 +320,8 @@ class BfclConfig(BaseModel):
     ground truth); past it the episode counts as failed."""
     tool_memory_mb: int = Field(default=1024, ge=128, le=65536)
     """Address-space limit of a BFCL worker process (Python plus BFCL's API classes)."""
+    mcp: McpServers
+    """MCP servers whose tools every task offers beside its functions (``docs/envs.md``)."""
 
 
 class ReasoningGymTask(BaseModel):

@@ -87,6 +87,11 @@ ENVS: dict[str, Callable[[Any], TaskSource]] = {
 entry here."""
 
 
+WRAPPED_FOR_MCP = {"search_qa", "household", "bfcl"}
+"""Types whose ``env.mcp`` tools come through ``envs.mcp.wrap`` (their episodes parse their own
+action vocabularies); tool_use, reasoning_gym and mcp_tasks call MCP tools in their own tool loop."""
+
+
 def make_task_source(cfg: BaseModel | dict[str, Any]) -> TaskSource:
     """Build the task source of ``cfg`` (a config model, or a dict validated as one)."""
     env_type = cfg.get("type") if isinstance(cfg, dict) else getattr(cfg, "type", None)
@@ -96,4 +101,9 @@ def make_task_source(cfg: BaseModel | dict[str, Any]) -> TaskSource:
         )
     if isinstance(cfg, dict):
         cfg = TypeAdapter(EnvConfig).validate_python(cfg)
-    return ENVS[env_type](cfg)
+    source = ENVS[env_type](cfg)
+    if getattr(cfg, "mcp", None) and env_type in WRAPPED_FOR_MCP:
+        from envs.mcp.wrap import McpToolsSource
+
+        source = McpToolsSource(source, cfg.mcp)
+    return source

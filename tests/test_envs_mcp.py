@@ -199,3 +199,20 @@ def test_a_server_that_cannot_start_fails_at_start_naming_it(tmp_path: Path) -> 
                                        TASKS[1:]))
     with pytest.raises(Exception, match=r"mcp server 'test' has no tools \['sub'\]"):
         make_task_source(_tasks_config(tmp_path, [TEST | {"tools": ["add", "sub"]}], TASKS[1:]))
+
+
+def test_search_qa_takes_mcp_tools_beside_its_search() -> None:
+    source = make_task_source({"type": "search_qa", "num_entities": 40, "num_train_tasks": 4, "num_heldout_tasks": 2,
+                               "mcp": [TEST | {"tools": ["add"]}]})
+    task = source.tasks("train")[0]
+    assert [t["function"]["name"] for t in task.tools] == ["search", "add"]
+    assert source.provides() == make_task_source({"type": "search_qa", "num_entities": 40}).provides()
+    search = call("search", query=task.gold_tool_calls[0].arguments["query"])
+    added, searched, mixed, answered = _play(source.make_env(), task, [
+        call("add", a=2, b=3), search, call("add", a=1, b=1) + search, format_answer(task.gold_answers[0])])
+    assert added.observation.messages == [{"role": "tool", "name": "add", "content": "5"}]
+    assert (added.reward, added.info["label"], added.invalid_action, added.done) == (0.0, 0, False, False)
+    assert searched.observation.messages[0]["name"] == "search" and searched.info["label"] == 1  # the environment's own step
+    assert mixed.invalid_action and "in separate messages" in mixed.observation.messages[0]["content"]
+    assert answered.done and answered.reward == 1.0
+    source.mcp.close()
