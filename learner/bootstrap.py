@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,6 +22,13 @@ from storage.files import atomic_folder
 from storage.places import local_dir
 
 BOOTSTRAP_VERSION = 4  # bump when the tokenizer, template or SFT recipe changes
+
+
+def env_key(env_cfg: Any) -> str:
+    """The environment config as a warm start's cache key reads it. An empty ``mcp`` list is left
+    out, as it was before environments took MCP servers, so every policy cached before keeps its
+    key; servers listed change the prompts' tools, so then they count."""
+    return env_cfg.model_dump_json(exclude=None if getattr(env_cfg, "mcp", None) else {"mcp"})
 
 
 def cache_key(cfg: PolicyConfig, env_fingerprint: str, history_turns: int | None = None,
@@ -108,7 +116,7 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
     if name != "tiny":
         return _pretrained_policy(name, cfg, env_cfg, show_progress, history_turns, chat_format)
     demo_cfg = demo_env_config(cfg, env_cfg)
-    final = local_dir(cfg.cache_dir, "policy.cache_dir") / cache_key(cfg, env_cfg.model_dump_json(), history_turns,
+    final = local_dir(cfg.cache_dir, "policy.cache_dir") / cache_key(cfg, env_key(env_cfg), history_turns,
                                                                      chat_format)
 
     def build(tmp: Path) -> None:
@@ -143,7 +151,7 @@ def _pretrained_policy(name: str, cfg: PolicyConfig, env_cfg: BaseModel, show_pr
         return base
     demo_cfg = demo_env_config(cfg, env_cfg) or env_cfg
     shape = {"v": BOOTSTRAP_VERSION, "pretrained": name, "convert": CONVERT_VERSION, "sft": cfg.sft.model_dump(),
-             "env": env_cfg.model_dump_json(), "history_turns": history_turns}
+             "env": env_key(env_cfg), "history_turns": history_turns}
     if chat_format != DEFAULT_FORMAT:  # absent for Hermes, so existing keys stay
         shape["chat_format"] = chat_format
     key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]

@@ -131,3 +131,18 @@ def test_a_policy_another_process_finished_meanwhile_is_kept(tmp_path) -> None:
     assert json.loads((final / "turnrl_bootstrap.json").read_text()) == {"by": "first"}
     assert [p.name for p in tmp_path.iterdir()] == ["policy"]  # the second build's folder is gone
     assert _cached(final, lambda tmp: pytest.fail("a complete policy is built again")) == final
+
+
+def test_an_empty_mcp_list_leaves_a_warm_starts_cache_key_as_it_was() -> None:
+    """Environments gained `mcp` (default []): policies cached before keep their keys (a changed
+    key re-ran the credit matrix's SmolLM2 warm start); listed servers change the prompts' tools,
+    so they change the key."""
+    import json
+
+    from envs.config import SearchQAConfig
+    from learner.bootstrap import env_key
+
+    plain = SearchQAConfig(num_entities=200)
+    assert "mcp" not in json.loads(env_key(plain)) and env_key(plain) == plain.model_dump_json(exclude={"mcp"})
+    served = SearchQAConfig(num_entities=200, mcp=[{"name": "time", "command": "python"}])
+    assert json.loads(env_key(served))["mcp"][0]["name"] == "time" and env_key(served) != env_key(plain)
