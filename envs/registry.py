@@ -7,7 +7,6 @@ does not import bm25s, subprocess tooling or any environment module.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
@@ -16,52 +15,32 @@ from envs.base import TaskSource
 from envs.config import EnvConfig
 
 
-def _search_qa(cfg: Any) -> TaskSource:
-    from envs.search_qa.source import build_search_qa
-
-    return build_search_qa(cfg)
-
-
-def _tool_use(cfg: Any) -> TaskSource:
-    from envs.tool_use.source import ToolUseTaskSource
-
-    return ToolUseTaskSource(cfg)
+def load_object(spec: str) -> Any:
+    """``package.module:name`` -> that object, its module imported now (ImportError,
+    AttributeError when it is not there)."""
+    module_name, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module_name), name)
 
 
-def _household(cfg: Any) -> TaskSource:
-    from envs.household.source import HouseholdTaskSource
-
-    return HouseholdTaskSource(cfg)
-
-
-def _bfcl(cfg: Any) -> TaskSource:
-    from envs.bfcl.source import BfclTaskSource
-
-    return BfclTaskSource(cfg)
-
-
-def _reasoning_gym(cfg: Any) -> TaskSource:
-    from envs.reasoning_gym import ReasoningGymTaskSource
-
-    return ReasoningGymTaskSource(cfg)
+ENVS: dict[str, str] = {
+    "search_qa": "envs.search_qa.source:build_search_qa",
+    "tool_use": "envs.tool_use.source:ToolUseTaskSource",
+    "household": "envs.household.source:HouseholdTaskSource",
+    "bfcl": "envs.bfcl.source:BfclTaskSource",
+    "reasoning_gym": "envs.reasoning_gym.source:ReasoningGymTaskSource",
+    "mcp_tasks": "envs.mcp.tasks:McpTasksSource",
+    "openenv": "envs.openenv.source:OpenEnvSource",
+    "custom": "envs.registry:build_custom",
+}
+"""Config ``type`` -> the factory that builds its source from the config, as an import path (so
+nothing is imported until a source is built). A new environment is a config class in
+``envs.config`` plus an entry here."""
 
 
-def _mcp_tasks(cfg: Any) -> TaskSource:
-    from envs.mcp.tasks import McpTasksSource
-
-    return McpTasksSource(cfg)
-
-
-def _openenv(cfg: Any) -> TaskSource:
-    from envs.openenv.source import OpenEnvSource
-
-    return OpenEnvSource(cfg)
-
-
-def _custom(cfg: Any) -> TaskSource:
-    module_name, _, name = cfg.source.partition(":")
+def build_custom(cfg: Any) -> TaskSource:
+    """``env.type: custom``: the source ``env.source`` builds from ``env.args``; errors name the field."""
     try:
-        factory = getattr(importlib.import_module(module_name), name)
+        factory = load_object(cfg.source)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"env.source {cfg.source!r} cannot be imported: {exc}") from None
     try:
@@ -71,20 +50,6 @@ def _custom(cfg: Any) -> TaskSource:
     if not isinstance(source, TaskSource):
         raise ValueError(f"env.source {cfg.source!r} returned a {type(source).__name__}, not an envs.base.TaskSource")
     return source
-
-
-ENVS: dict[str, Callable[[Any], TaskSource]] = {
-    "search_qa": _search_qa,
-    "tool_use": _tool_use,
-    "household": _household,
-    "bfcl": _bfcl,
-    "reasoning_gym": _reasoning_gym,
-    "mcp_tasks": _mcp_tasks,
-    "openenv": _openenv,
-    "custom": _custom,
-}
-"""Config ``type`` -> factory. A new environment is a config class in ``envs.config`` plus an
-entry here."""
 
 
 WRAPPED_FOR_MCP = {"search_qa", "household", "bfcl"}
@@ -101,7 +66,7 @@ def make_task_source(cfg: BaseModel | dict[str, Any]) -> TaskSource:
         )
     if isinstance(cfg, dict):
         cfg = TypeAdapter(EnvConfig).validate_python(cfg)
-    source = ENVS[env_type](cfg)
+    source = load_object(ENVS[env_type])(cfg)
     if getattr(cfg, "mcp", None) and env_type in WRAPPED_FOR_MCP:
         from envs.mcp.wrap import McpToolsSource
 

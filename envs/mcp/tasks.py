@@ -26,7 +26,7 @@ from envs.config import McpTasksConfig
 from envs.mcp.tools import McpTools
 from envs.records import read_records
 from envs.tool_use.env import ToolUseEnv
-from envs.tool_use.files import _gold_calls
+from envs.tool_use.files import read_gold_calls
 from envs.tool_use.matching import call_metrics
 from envs.tool_use.sandbox import Limits
 from envs.toolcalls import ToolCall
@@ -78,7 +78,7 @@ def load_mcp_tasks(path: str, split: str, system: str, tools: list[dict[str, Any
         tasks.append(Task(
             task_id=f"{split}-{record.get('id', len(tasks))}", messages=_messages(where, record, system), tools=tools,
             gold_answers=[str(a) for a in answers] if answers else None,
-            gold_tool_calls=_gold_calls(where, record), metadata={"checks": checks}))
+            gold_tool_calls=read_gold_calls(where, record), metadata={"checks": checks}))
     if len({t.task_id for t in tasks}) != len(tasks):
         raise ValueError(f"{path}: field 'id' repeats; task ids must be unique")
     return tasks

@@ -66,15 +66,19 @@ class OpenEnvServer:
             if self.proc.poll() is not None:
                 raise ServerUnavailable(f"openenv server {self.cfg.name!r} exited with code {self.proc.returncode} "
                                         f"at start: {self._tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
+            if self.healthy():
+                return
             time.sleep(0.2)
         self.stop()
         raise ServerUnavailable(f"openenv server {self.cfg.name!r} did not answer GET /health within "
                                 f"{self.cfg.start_timeout_s:g} s: {self._tail()}")
+
+    def healthy(self) -> bool:
+        """Whether the server answers ``GET /health`` within 2 s (blocking)."""
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _tail(self) -> str:
         lines = self._log.read_text(errors="replace").strip().splitlines() if self._log.exists() else []

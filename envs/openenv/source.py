@@ -112,17 +112,9 @@ class OpenEnvEpisode(Environment):
         try:
             return await asyncio.wait_for(coro, timeout)
         except TimeoutError:
-            if not await asyncio.to_thread(self._healthy):
+            if not await asyncio.to_thread(self.source.server.healthy):
                 self.source.server.stop()  # stopped answering at all: the next episode starts it again
             raise TimeoutError(f"openenv server {self.cfg.server.name!r} did not answer {what} within {timeout:g} s") from None
-
-    def _healthy(self) -> bool:
-        import httpx
-
-        try:
-            return httpx.get(f"{self.source.server.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     async def reset(self, task: Task) -> Observation:
         url = await asyncio.to_thread(self.source.server.base_url)

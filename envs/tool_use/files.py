@@ -63,7 +63,7 @@ def _sources(where: str, functions: Any) -> dict[str, str]:
     return out
 
 
-def _gold_calls(where: str, record: dict[str, Any]) -> list[ToolCall] | None:
+def read_gold_calls(where: str, record: dict[str, Any]) -> list[ToolCall] | None:
     key = next((k for k in ("gold_calls", "gold_tool_calls", "golden_calls") if k in record), None)
     if key is None:
         return None
@@ -121,7 +121,7 @@ def load_tool_tasks(path: str, split: str) -> list[Task]:
                 messages=_messages(where, record),
                 tools=tools,
                 gold_answers=_answers(where, record),
-                gold_tool_calls=_gold_calls(where, record),
+                gold_tool_calls=read_gold_calls(where, record),
                 metadata={"functions": {tool_name(t): sources[tool_name(t)] for t in tools}},
             )
         )
