@@ -10,10 +10,18 @@ dict, putting it into Ray's object store, writing a safetensors file.
     .venv/bin/python bench/learner.py --quick
     .venv/bin/python bench/learner.py --hidden 256 --layers 4 --groups 8
     python bench/learner.py --device cuda --dtype bfloat16 --no-publish   # a GPU without Ray
+    .venv/bin/python bench/learner.py --memory [--quick]   # peak memory: chunked head vs whole logits
 
 On ``--device cuda`` both run on the GPU (each moves its micro-batches there, as the learner
 does); with ``--dtype bfloat16`` the learner trains as DeepSpeed's bf16 does and the plain step
 under ``torch.autocast`` with fp32 weights, PyTorch's usual mixed precision.
+
+``--memory``: two learner updates of a SmolLM2-sized model (576 wide, 30 layers, a 49,152-word
+head; 8 rows of ~300 positions), each variant in a process of its own: the sampled tokens'
+log-probs through the output head in chunks (``rollout/next_token.py``, what the learner does)
+and through the whole vocabulary's logits (as before). It prints each one's peak RSS (sampled
+every 5 ms) against the ideal, weights + gradients + Adam's two moments (16 bytes a parameter),
+and its step time.
 """
 
 from __future__ import annotations
@@ -155,6 +163,62 @@ def bench_publish(worker, repeats: int) -> list[tuple[str, float, int]]:
     return rows
 
 
+def memory_child(args: argparse.Namespace) -> None:
+    """One variant of ``--memory`` in this process: prints its numbers as one JSON line."""
+    import json
+    import threading
+
+    import psutil
+
+    from learner.worker import LearnerWorker
+    from rollout import next_token
+
+    if args.memory_child == "whole":
+        next_token.PLAIN_HEADS = frozenset()  # every model takes the whole-logits path
+    proc, peak, done = psutil.Process(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = build_tiny_llama(Path(tmp), CORPUS, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
+                                      max_positions=2048, model_vocab=args.model_vocab)
+        params = sum(p.numel() for p in model.parameters())
+        del model
+        cfg = LearnerConfig(batch_groups=args.groups, micro_batch_size=args.micro_batch_size, torch_threads=args.threads)
+        worker = LearnerWorker(cfg, tmp, tempfile.mkdtemp(), ports=None, group_size=args.group_size, temperature=1.0)
+        trajs = trajectories(args, len(tok))
+        before = proc.memory_info().rss
+        threading.Thread(target=sample, daemon=True).start()
+        times = [timed(lambda: worker._update(trajs)) for _ in range(2)]
+        done.set()
+    print(json.dumps({"variant": args.memory_child, "params": params, "rss_before_gb": before / 1e9,
+                      "peak_gb": peak[0] / 1e9, "step_s": times[-1]}))
+
+
+def bench_memory(args: argparse.Namespace) -> None:
+    import json
+    import subprocess
+
+    shape = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--model-vocab", str(args.model_vocab),
+             "--groups", str(args.groups), "--group-size", str(args.group_size), "--threads", str(args.threads)]
+    rows = {}
+    for variant in ("chunked", "whole"):
+        out = subprocess.run([sys.executable, __file__, "--memory-child", variant, *shape], capture_output=True,
+                             text=True, check=True).stdout
+        rows[variant] = json.loads(out.strip().splitlines()[-1])
+    ideal = rows["chunked"]["params"] * 16 / 1e9
+    print(f"model: {rows['chunked']['params'] / 1e6:.1f}M parameters, a {args.model_vocab}-word head; "
+          f"{args.groups * args.group_size} rows; {args.threads} threads")
+    print(f"ideal (fp32 weights + gradients + Adam's two moments): {ideal:.2f} GB")
+    for name, r in rows.items():
+        print(f"{name:8s} peak RSS {r['peak_gb']:.2f} GB ({r['peak_gb'] / ideal:.2f}x ideal; before the steps "
+              f"{r['rss_before_gb']:.2f} GB), step {r['step_s']:.1f} s")
+    print(f"peak chunked/whole: {rows['chunked']['peak_gb'] / rows['whole']['peak_gb']:.2f}x; "
+          f"step time chunked/whole: {rows['chunked']['step_s'] / rows['whole']['step_s']:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hidden", type=int, default=128)
@@ -174,11 +238,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--no-publish", action="store_true", help="skip the publish costs (they need Ray)")
     p.add_argument("--quick", action="store_true", help="a small model and batch, 3 repeats (seconds)")
+    p.add_argument("--memory", action="store_true", help="peak memory of the chunked head against whole logits")
+    p.add_argument("--model-vocab", type=int, default=49152, help="--memory: the head's width (SmolLM2's)")
+    p.add_argument("--memory-child", choices=["chunked", "whole"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.memory and not args.quick:  # SmolLM2's size (untied head), 8 rows of ~300 positions
+        args.hidden, args.layers, args.groups, args.group_size = 576, 30, 2, 4
     if args.quick:
         args.hidden, args.layers, args.groups, args.group_size, args.repeats = 64, 2, 2, 4, 3
+        args.model_vocab = 8192
     torch.set_num_threads(args.threads)
     os.environ.setdefault("DS_BUILD_OPS", "0")
+    if args.memory_child:
+        return memory_child(args)
+    if args.memory:
+        return bench_memory(args)
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build_tiny_llama(Path(tmp), CORPUS, vocab=args.vocab, hidden=args.hidden,
                                       layers=args.layers, max_positions=2048)

@@ -41,17 +41,21 @@ import torch  # noqa: E402
 QUESTIONS = ["In which city was {} born?", "Where does {} work?", "Who is the sibling of {}?"]
 
 
+POLICY_OVERRIDES = [
+    "policy.tiny.hidden_size=64", "policy.tiny.num_layers=2", "policy.tiny.num_heads=2",
+    "policy.tiny.intermediate_size=128", "policy.tiny.vocab_size=600", "policy.sft.steps=300",
+    "policy.sft.num_demos=200", "policy.sft.batch_size=8", "env.num_entities=80",
+    "env.num_train_tasks=300", "env.num_heldout_tasks=40"]
+"""The tiny agent policy and its world (``--set`` overrides): a run given them finds it cached."""
+
+
 def build_policy(show_progress: bool = True) -> tuple[str, Any]:
     """The tiny warm-started policy the serving and engine benches share (cached)."""
     from cluster.config import load_config
     from envs.registry import make_task_source
     from learner.bootstrap import ensure_policy
 
-    overrides = ["policy.tiny.hidden_size=64", "policy.tiny.num_layers=2", "policy.tiny.num_heads=2",
-                 "policy.tiny.intermediate_size=128", "policy.tiny.vocab_size=600", "policy.sft.steps=300",
-                 "policy.sft.num_demos=200", "policy.sft.batch_size=8", "env.num_entities=80",
-                 "env.num_train_tasks=300", "env.num_heldout_tasks=40"]
-    cfg = load_config(None, overrides)
+    cfg = load_config(None, POLICY_OVERRIDES)
     source = make_task_source(cfg.env)
     return str(ensure_policy(cfg.policy, cfg.env, source, show_progress=show_progress)), source
 

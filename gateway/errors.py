@@ -64,6 +64,20 @@ class SessionEnded(GatewayError):
         super().__init__("session_id", f"session {session_id!r} has ended; start a new session id")
 
 
+class NoEngine(GatewayError):
+    """No engine of the run could serve the request: the ones tried were dead or restarting, or
+    the one streaming it died mid-way (HTTP 503 with ``Retry-After``; mid-stream, the same body
+    as an error event). Ray restarts the engine; the request can be sent again."""
+
+    status = 503
+    kind = "server_error"
+    code = "engine_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(None, f"{message}; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
 def loc_path(loc: tuple[Any, ...]) -> str:
     """Pydantic's error location as a dotted path: ``("messages", 2, "role")`` ->
     ``messages.2.role``."""

@@ -34,6 +34,21 @@ class _Snapshot:
         version = GaugeMetricFamily("turnrl_gateway_policy_version", "Newest weights version served.", labels=["run"])
         version.add_metric([self.run], s["version"])
         yield version
+        up = GaugeMetricFamily("turnrl_gateway_engines_up", "Engines requests go to (not found dead in the "
+                               "last few seconds).", labels=["run"])
+        up.add_metric([self.run], sum(e["up"] for e in s["engines"]))
+        yield up
+        served = GaugeMetricFamily("turnrl_gateway_engine_version", "Weights version each engine's last answer "
+                                   "carried.", labels=["run", "engine"])
+        for e in s["engines"]:
+            served.add_metric([self.run, str(e["engine"])], e["version"])
+        yield served
+        calls = CounterMetricFamily("turnrl_gateway_engine_calls", "Calls to each engine by result: answered, "
+                                    "or found_dead (the engine died or was restarting).", labels=["run", "engine", "result"])
+        for e in s["engines"]:
+            for result in ("answered", "found_dead"):
+                calls.add_metric([self.run, str(e["engine"]), result], e[result])
+        yield calls
 
 
 _BY_LABEL = (
@@ -49,7 +64,9 @@ FAMILIES = frozenset({
     "turnrl_gateway_requests_total", "turnrl_gateway_tokens_total", "turnrl_gateway_sessions_open",
     "turnrl_gateway_sessions_closed_total",
     "turnrl_gateway_episodes_total", "turnrl_gateway_feedback_total", "turnrl_gateway_recorder_events_total",
-    "turnrl_gateway_policy_version", *(f"turnrl_gateway_request_latency_seconds{x}" for x in ("_bucket", "_sum", "_count")),
+    "turnrl_gateway_policy_version", "turnrl_gateway_engines_up", "turnrl_gateway_engine_version",
+    "turnrl_gateway_engine_calls_total",
+    *(f"turnrl_gateway_request_latency_seconds{x}" for x in ("_bucket", "_sum", "_count")),
 })
 """Every family name as it appears in a scrape (for dashboards and their tests)."""
 

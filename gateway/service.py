@@ -34,7 +34,7 @@ from envs.formats import DEFAULT_FORMAT
 from gateway.admission import Admission
 from gateway.config import LiveConfig
 from gateway.constraints import GUIDED, Guide, guide_for
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, NoEngine
 from gateway.feedback import apply_feedback
 from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, NamedToolChoice, \
     Usage, parse_chat_request
@@ -42,20 +42,22 @@ from gateway.responses import ChoiceStream, FirstCallWatch, StopWatch, chat_comp
 from gateway.sessions import PreparedPrompt, SessionRecorder, session_id_for
 from gateway.toolcalls import template_messages, thinking_off_ids
 from rollout.engines.base import Chunk, Completion, SamplingParams
-from rollout.engines.client import EngineClient
+from rollout.engines.client import EngineClient, EngineUnavailable
 from rollout.trajectory import Group, Trajectory
 
 log = logging.getLogger(__name__)
 
 EPISODE_RESULTS = ("recorded", "shed", "not_trained", "dropped_no_feedback", "dropped_unscorable",
-                   "dropped_run_ended", "submit_failed", "client_disconnected", "client_stalled")
+                   "dropped_run_ended", "submit_failed", "client_disconnected", "client_stalled", "engine_failed")
 """What became of each closed segment: ``recorded`` into replay, ``shed`` (replay refused it:
 full, stale), ``not_trained`` (the run trains on rollouts only: kept in live_sessions.jsonl),
 dropped (no feedback and ``on_timeout: drop``; no feedback and no source that scores without
 it; the run stopped first), ``submit_failed`` (the reward service raised; logged). And per
 request: ``client_disconnected`` (a stream abandoned before its end, nothing recorded),
 ``client_stalled`` (a stream whose client read nothing for ``stream_stall_timeout_s``: ended,
-its engine requests aborted, nothing recorded)."""
+its engine requests aborted, nothing recorded), ``engine_failed`` (no engine could serve it, or
+its engine died mid-stream: the client got a 503 or an error event, nothing recorded; the
+session's other turns are)."""
 CLOSE_CAUSES = ("ended", "feedback_idle", "timed_out", "evicted", "run_ended")
 """Why a session closed: ``/end`` after (or before) feedback, ``close_after_feedback_s`` idle
 after feedback, ``feedback_timeout_s`` idle, ``max_sessions`` needed the room, the run stopped."""
@@ -250,11 +252,14 @@ class LiveService:
         return comp
 
     async def complete(self, call: _Call) -> dict[str, Any]:
-        if call.watched:
-            comps = list(await asyncio.gather(*[self._until_stop(call, i) for i in range(call.params.n)]))
-        else:
-            comps = await self.engine.generate_n(call.prepared.prompt_ids, call.params,
-                                                 session_id=call.prepared.session_id)
+        try:
+            if call.watched:
+                comps = list(await asyncio.gather(*[self._until_stop(call, i) for i in range(call.params.n)]))
+            else:
+                comps = await self.engine.generate_n(call.prepared.prompt_ids, call.params,
+                                                     session_id=call.prepared.session_id)
+        except EngineUnavailable as exc:
+            raise self._engine_failed(exc) from exc
         response, replies = chat_completion(
             self.engine.tokenizer, call.completion_id, self.cfg.model_name, call.created,
             len(call.prepared.prompt_ids), comps, bool(call.prepared.tools), call.req.logprobs, self.chat_format,
@@ -299,6 +304,8 @@ class LiveService:
                         yield self._chunk(call, [choice])
         except ClientStalled:
             raise
+        except EngineUnavailable as exc:
+            raise self._engine_failed(exc) from exc
         except BaseException:
             self._episodes["client_disconnected"] += finished < n
             raise
@@ -475,9 +482,15 @@ class LiveService:
     def _count(self, result: str) -> None:
         self._episodes[result] += 1
 
+    def _engine_failed(self, exc: EngineUnavailable) -> NoEngine:
+        """A request no engine could finish: counted, and the client's error (a 503)."""
+        self._count("engine_failed")
+        return NoEngine(str(exc), self.cfg.retry_after_s)
+
     def stats(self) -> dict[str, Any]:
         return {"sessions_open": len(self.recorder._sessions),  # noqa: SLF001 - same package
                 "closed": dict(self._closed),
                 "episodes": dict(self._episodes), "feedback": dict(self._feedback_counts),
                 "recorder": self.recorder.counters, "version": self.engine.version,
-                "admission": {"busy": self.admission.busy, "refused": self.admission.refused}}
+                "admission": {"busy": self.admission.busy, "refused": self.admission.refused},
+                "engines": self.engine.health()}

@@ -20,7 +20,8 @@ from envs.toolcalls import format_answer
 from learner.batching import padding_cuts
 from learner.config import SFTConfig
 from rollout import chat
-from rollout.shared_prefix import next_token_logprobs, pad_rows, shared_length
+from rollout.next_token import next_token_logprobs
+from rollout.shared_prefix import pad_rows, shared_length
 from rollout.trajectory import Trajectory, Turn, window_start
 
 

@@ -46,7 +46,8 @@ from learner.step_metrics import batch_metrics, signal_metrics
 from replay.base import Claim
 from replay.client import wait_claim
 from storage import RunStorage, node_copy
-from rollout.shared_prefix import next_token_logprobs, shared_length
+from rollout.next_token import next_token_logprobs
+from rollout.shared_prefix import shared_length
 from rewards.config import RewardsConfig
 from rollout.trajectory import Trajectory
 
@@ -402,28 +403,25 @@ class LearnerWorker:
             )
         return code
 
-    def _token_logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``[B, L-1]`` log-prob of each next token, ``[B, L-1, V]`` all log-probs) under the
-        policy being trained, at the rollout temperature."""
-        return self._logprobs(self.ds_engine, mb)
+    def _token_logprobs(self, mb: TokenBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(``[B, L-1]`` log-prob of each next token, ``[B, L-1]`` entropy there or None unless
+        asked) under the policy being trained, at the rollout temperature."""
+        return self._logprobs(self.ds_engine, mb, entropy)
 
-    def _logprobs(self, model: Any, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, model: Any, mb: TokenBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         # The system prompt and tool list every row opens with run once (rollout.shared_prefix),
         # except under ZeRO 3: there every forward gathers parameters collectively, so each
         # rank must run as many forwards as the others, and a share without a common prefix
         # (one row, a zero-weight step) runs one, not two.
         ids, mask = mb.input_ids, mb.attention_mask
         shared = shared_length(ids, mask) if self.cfg.zero_stage < 3 else 0
-        return next_token_logprobs(model, ids, mask, shared, self.temperature)
+        return next_token_logprobs(model, ids, mask, shared, self.temperature, entropy)
 
     def _micro_step(self, mb: TokenBatch, task_ids: torch.Tensor | None = None,
                     log_r: torch.Tensor | None = None, old: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss and metrics of one micro-batch; ``old`` None means on-policy (old = current)."""
-        logp, logp_all = self._token_logprobs(mb)
-        entropy = None
-        if self.cfg.loss.type == "ppo" and self.cfg.loss.entropy_coef > 0:
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        logp, entropy = self._token_logprobs(mb, self.cfg.loss.type == "ppo" and self.cfg.loss.entropy_coef > 0)
         ref = self._ref_logprobs(mb)
         inputs = LossInputs(
             logprobs=logp, old_logprobs=logp.detach() if old is None else old,

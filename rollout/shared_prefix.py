@@ -8,8 +8,8 @@ same outputs as the padded batch, at a fraction of the tokens. Gradients flow th
 parts: the repeat sums each row's gradient back into the single prefix, as the copies'
 gradients would add up (tests/test_shared_prefix.py checks losses and gradients).
 
-Used by SFT (``learner/sft.py``), the learner's log-probs (``learner/worker.py``, policy and
-reference) and the PRM (``rewards/prm.py``). Rows are right-padded: ``mask`` 1 on real tokens.
+Used by SFT (``learner/sft.py``), the learner's log-probs (``rollout/next_token.py``, for
+``learner/worker.py``: policy and reference) and the PRM (``rewards/prm.py``). Rows are right-padded: ``mask`` 1 on real tokens.
 """
 
 from __future__ import annotations
@@ -73,17 +73,3 @@ def forward_shared(model: Any, ids: torch.Tensor, mask: torch.Tensor, shared: in
     out = model(input_ids=ids[:, shared:], attention_mask=mask, position_ids=pos,
                 past_key_values=cache, use_cache=cache is not None)
     return SharedForward(prefix, getattr(out, field), shared)
-
-
-def next_token_logprobs(model: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int,
-                        temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``[B, L-1]`` log-prob of each row's token ``j + 1`` given its tokens up to ``j``,
-    ``[B, L-1, V]`` all log-probs there), at ``temperature``, as the padded batch's logits
-    give them; the first ``shared`` tokens run once."""
-    fwd = forward_shared(model, ids, mask, shared)
-    logp_all = torch.log_softmax(fwd.suffix.float() / temperature, -1)
-    if fwd.prefix is not None:  # its log-softmax once, the same for every row
-        prefix = torch.log_softmax(fwd.prefix.float() / temperature, -1)
-        logp_all = torch.cat([prefix.expand(ids.size(0), -1, -1), logp_all], dim=1)
-    logp_all = logp_all[:, :-1]
-    return logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), logp_all

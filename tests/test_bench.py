@@ -174,3 +174,100 @@ def test_contention_quick_prints_each_workloads_slowdown() -> None:
         alone, busy, slowdown = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
         assert alone > 0 and busy > 0 and slowdown == pytest.approx(alone / busy, rel=0.02), row
     assert "worst slowdown" in proc.stdout and "(goal <= 3x)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_scale_fanout_quick_pushes_every_version_to_every_engine() -> None:
+    # bench/scale.py: synthetic engines (one Ray actor each) behind the real EngineServer, the
+    # run's WeightSync actor and the learner's publishers: every transport, 1 and 4 engines
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "fanout", "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout.split("engine start")[0].rsplit("bad sums", 1)[1]
+    rows = [line.split() for line in table.splitlines() if line.strip()]
+    assert [(r[0], r[1]) for r in rows] == [(t, n) for n in ("1", "4")
+                                            for t in ("object_store", "file", "adapter", "broadcast")]
+    assert all(r[-1] == "0" and float(r[3]) > 0 for r in rows), table  # no bad checksum; a push took time
+    assert "every engine read every version it was pushed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_scale_replay_quick_trains_what_the_producers_put() -> None:
+    # bench/scale.py replay: the real ReplayHost actor, producer actors admitted and putting
+    # groups, a learner actor claiming and acknowledging; versions advance
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "replay", "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.split("reserve p50 ms")[1].splitlines() if line.strip()]
+    assert [(r[0], r[1]) for r in rows] == [("inproc", "1"), ("inproc", "4")]
+    assert all(float(r[2]) > 0 and int(r[4]) > 0 for r in rows), proc.stdout  # trained/s, versions
+
+
+@pytest.mark.slow
+def test_learner_memory_quick_compares_the_chunked_head_with_whole_logits() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learner.py"), "--memory", "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peaks = {line.split()[0]: float(line.split()[3]) for line in proc.stdout.splitlines()
+             if line.startswith(("chunked", "whole"))}
+    assert set(peaks) == {"chunked", "whole"} and all(v > 0 for v in peaks.values()), proc.stdout
+    assert "peak chunked/whole" in proc.stdout
+
+
+@pytest.mark.slow
+def test_live_load_quick_accounts_for_every_answered_session(tmp_path) -> None:
+    # bench/live_load.py: a real run trained on live traffic, driven by AsyncOpenAI sessions at
+    # 1 and 4 at once; every answered session is in the run's record with its fate
+    import json
+
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "live_load.py"), "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "live_load.json").read_text())
+    books = report["accounting"]
+    assert [r["sessions"] for r in report["levels"]] == [1, 4]
+    assert all(r["requests_ok"] > 0 and not r["errors"] for r in report["levels"]), report["levels"]
+    assert books["lost_n"] == 0 and books["turns_differ_n"] == 0 and books["client_200"] == books["gateway_200"] > 0
+    assert books["recorded"] >= 1 and books["recorded"] + sum(books["counted"].values()) == books["segments"]
+    assert books["steps"] >= 1 and books["run_exit"] == 130
+
+
+@pytest.fixture(scope="module")
+def faults_under_load(tmp_path_factory) -> dict:
+    """One run of bench/live_load.py with two engines and Redis replay, serving 4 concurrent
+    agent sessions while engine 0, then the learner, then redis-server are killed with -9."""
+    import json
+
+    if not HAVE_REDIS:
+        pytest.skip("redis-server not installed")
+    out = tmp_path_factory.mktemp("faults")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "live_load.py"), "--quick", "--levels", "",
+                           "--engines", "2", "--replay", "redis", "--fault", "engine,learner,redis", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "live_load.json").read_text())
+    books = report["accounting"]  # every session answered, faults or not, is recorded or counted
+    assert books["lost_n"] == 0 and books["turns_differ_n"] == 0 and books["client_200"] == books["gateway_200"]
+    return {r["tag"].removeprefix("fault-"): r for r in report["levels"]}
+
+
+@pytest.mark.slow
+def test_an_engine_killed_under_load_costs_only_the_streams_it_was_sending(faults_under_load) -> None:
+    phase = faults_under_load["engine"]
+    fault = phase["fault"]
+    # only streams that had sent tokens fail (an error event; never a truncation, never a
+    # non-streamed request: those were retried on the other engine); each is counted
+    assert set(fault["errors_after_kill"]) <= {"stream_error_event"}, fault
+    assert phase["gateway"]["episodes"].get("engine_failed", 0) == fault["errors_after_kill"].get("stream_error_event", 0)
+    # the restarted engine answers again, serving the weights the gateway serves
+    assert fault["time_to_recovery_s"] is not None and fault["engine_version_after"] == fault["policy_version_after"]
+    assert phase["requests_ok"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", ["learner", "redis"])
+def test_the_learner_or_redis_killed_under_load_costs_clients_nothing(faults_under_load, component) -> None:
+    phase = faults_under_load[component]
+    # serving never noticed; training went on (the next step logged)
+    assert phase["errors"] == {} and phase["fault"]["errors_after_kill"] == {} and phase["requests_ok"] > 0
+    assert phase["fault"]["time_to_recovery_s"] is not None

@@ -605,6 +605,59 @@ def test_engine_group_on_ray(tiny_policy, ray_cluster) -> None:
             ray.kill(a)
 
 
+@pytest.mark.slow
+def test_engine_group_serves_through_an_engines_death(tiny_policy, ray_cluster) -> None:
+    """kill -9 of one of two engine actors mid-stream: that stream ends with EngineUnavailable
+    (never a silent end), a request of a session pinned to the dead engine is answered by the
+    other one, and once Ray has started it again the group routes to it and it answers."""
+    import os
+    import signal
+
+    ray = ray_cluster
+    from rollout.engines.client import RayEngineClient
+    from rollout.engines.client import EngineUnavailable
+    from rollout.engines.server import EngineServer
+
+    cfg = HFEngineConfig(num_cpus=0.1)
+    actors = [ray.remote(EngineServer).options(num_cpus=0.1, max_concurrency=64, max_restarts=1).remote(
+        cfg, tiny_policy[0], i, None, True) for i in range(2)]
+    client = RayEngineClient(actors, tiny_policy[0])
+    pinned = next(f"s{k}" for k in range(100) if zlib.crc32(f"s{k}".encode()) % 2 == 0)  # engine 0's session
+    endless = SamplingParams(temperature=0.0, max_new_tokens=2000)
+    try:
+        pid = ray.get(actors[0].__ray_call__.remote(lambda _: os.getpid()))
+
+        async def go():
+            stream = client.stream(PROMPT, endless, session_id=pinned)
+            got = [await stream.__anext__()]
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(EngineUnavailable, match="engine 0 died mid-stream"):
+                async for chunk in stream:
+                    got.append(chunk)
+            retried = await client.generate(PROMPT, LONG, session_id=pinned)  # engine 1 answers
+            down = client.health()
+            return got, retried, down
+
+        got, retried, down = _run(go())
+        assert got[0].token_ids and all(c.finish_reason is None for c in got)
+        assert len(retried.token_ids) == 64 and retried.finish_reason == "length"
+        assert [(h["up"], h["found_dead"] >= 1) for h in down] == [(False, True), (True, False)]
+        assert down[1]["answered"] >= 1
+        # Past DOWN_S the pinned session's requests try engine 0 again: while Ray restarts it a
+        # call finds it unavailable (marked down again, answered elsewhere) or waits for it
+        answered, deadline = down[0]["answered"], time.monotonic() + 120
+        while client.health()[0]["answered"] == answered:
+            assert time.monotonic() < deadline, f"engine 0 never answered again: {client.health()}"
+            time.sleep(5.0)
+            again = _run(client.generate(PROMPT, LONG, session_id=pinned))
+            assert len(again.token_ids) == 64  # every request answered, by one engine or the other
+        assert client.health()[0]["up"]
+        assert ray.get(actors[0].__ray_call__.remote(lambda _: os.getpid())) != pid
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
 def _local_state(path: str) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.sft import _batch_loss
-from rollout.shared_prefix import MIN_SHARED, forward_shared, next_token_logprobs, pad_rows, shared_length
+from rollout import next_token
+from rollout.next_token import next_token_logprobs
+from rollout.shared_prefix import MIN_SHARED, forward_shared, pad_rows, shared_length
 
 PAD = 0
 
@@ -60,7 +62,11 @@ def test_shared_length_is_the_common_prefix_within_bounds() -> None:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_and_gradients_match_the_padded_batch(model, temperature) -> None:
+@pytest.mark.parametrize("chunk", [512, 7])
+def test_logprobs_entropy_and_gradients_match_the_padded_batch(model, temperature, chunk, monkeypatch) -> None:
+    # The head runs ``chunk`` positions at a time (7: many chunks, one splitting the shared
+    # prefix's); values and gradients are the whole padded batch's log-softmax's.
+    monkeypatch.setattr(next_token, "LOGIT_CHUNK", chunk)
     rows = _rows(24, [60, 31, 45, 25])
     ids, mask = pad_rows(rows, PAD)
     shared = shared_length(ids, mask)
@@ -68,15 +74,32 @@ def test_logprobs_and_gradients_match_the_padded_batch(model, temperature) -> No
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1] / temperature
     plain_all = torch.log_softmax(logits, -1)
     plain = plain_all.gather(-1, ids[:, 1:, None])[..., 0]
-    fast, fast_all = next_token_logprobs(model, ids, mask, shared, temperature)
+    plain_ent = -(plain_all.exp() * plain_all).sum(-1)
+    fast, fast_ent = next_token_logprobs(model, ids, mask, shared, temperature, entropy=True)
     real = mask[:, 1:].bool()  # past a row's end both are a pad's log-prob, unused
-    assert fast.shape == plain.shape and fast_all.shape == plain_all.shape
+    assert fast.shape == plain.shape and fast_ent.shape == plain_ent.shape
     assert torch.allclose(fast[real], plain[real], atol=1e-5)
-    assert torch.allclose(fast_all[real], plain_all[real], atol=1e-5)
-    assert torch.allclose(next_token_logprobs(model, ids, mask, 0, temperature)[0][real], plain[real], atol=1e-5)
+    assert torch.allclose(fast_ent[real], plain_ent[real], atol=1e-5)
+    unshared, none = next_token_logprobs(model, ids, mask, 0, temperature)
+    assert none is None and torch.allclose(unshared[real], plain[real], atol=1e-5)
     weight = torch.rand(plain.shape) * mask[:, 1:]
-    for want, got in zip(_grads(model, (plain * weight).sum()), _grads(model, (fast * weight).sum())):
+    for want, got in zip(_grads(model, (plain * weight).sum() + (plain_ent * weight).sum()),
+                         _grads(model, (fast * weight).sum() + (fast_ent * weight).sum())):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_model_whose_logits_are_more_than_its_head_takes_the_whole_logits(model, monkeypatch) -> None:
+    # Only model types whose logits are the head's output run the head in chunks; others
+    # (soft-capped or scaled logits) get the same values through the model's own logits.
+    rows = _rows(24, [40, 30])
+    ids, mask = pad_rows(rows, PAD)
+    chunked = next_token_logprobs(model, ids, mask, 24, 1.0, entropy=True)
+    assert next_token.split_head(model) is not None
+    monkeypatch.setattr(next_token, "PLAIN_HEADS", frozenset())
+    assert next_token.split_head(model) is None
+    whole = next_token_logprobs(model, ids, mask, 24, 1.0, entropy=True)
+    real = mask[:, 1:].bool()
+    assert all(torch.allclose(a[real], b[real], atol=1e-5) for a, b in zip(chunked, whole))
 
 
 def test_prefix_states_are_the_rows_own(model) -> None:

@@ -4,7 +4,12 @@
 tools). ``RayEngineClient`` spreads requests over a group of engine actors
 (``rollout.engines.server.EngineServer``): least outstanding requests first, and one engine per
 live session so its requests reuse that engine (prefix caches, vLLM's included).
-``AdapterClient`` is a LoRA run's view of either: every request names the run's adapter. Control calls
+A group survives an engine's death: a call that finds its engine dead (or restarting) marks it
+down for ``DOWN_S``, during which requests go to the others; a non-streamed request, and a stream
+that has sent nothing yet, is retried on another engine (the caller saw nothing of it); a stream
+that already sent tokens ends with ``EngineUnavailable`` (it cannot continue elsewhere without
+the caller seeing two samples). ``AdapterClient`` is a LoRA run's view of either: every request
+names the run's adapter. Control calls
 (pause, resume, update_weights) go to every engine of the group; in a run the weight sync pushes
 to each engine actor itself (a push one dead engine fails must still reach the others). The
 client never imports Ray: it calls ``.remote`` on the handles it was given.
@@ -13,6 +18,8 @@ client never imports Ray: it calls ``.remote`` on the handles it was given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import replace
@@ -20,6 +27,24 @@ from typing import Any, AsyncIterator
 
 from rollout.engines.base import AdapterSpec, Chunk, Completion, Engine, SamplingParams, new_request_id
 from rollout.engines.transport import WeightHandle
+
+
+DOWN_S = 5.0
+"""How long a group leaves out an engine a call found dead before a request tries it again (an
+HF engine restarted by Ray serves again within seconds; a call to one still restarting waits
+in Ray's queue for it, or finds it unavailable and goes elsewhere)."""
+ENGINE_GONE = ("RayActorError", "ActorUnavailableError")
+
+
+def engine_gone(exc: BaseException) -> bool:
+    """A call failed because the engine's process died or is restarting (Ray's errors, told by
+    class name: this module never imports Ray)."""
+    return any(c.__name__ in ENGINE_GONE for c in type(exc).__mro__)
+
+
+class EngineUnavailable(RuntimeError):
+    """No engine of the group could serve the request: every one tried was dead or restarting,
+    or the one streaming it died after it had sent tokens."""
 
 
 class EngineClient(ABC):
@@ -82,6 +107,12 @@ class EngineClient(ABC):
     @abstractmethod
     async def features(self) -> frozenset[str]:
         """What the engines do beyond the contract (``Engine.features``; a group is of one kind)."""
+
+    def health(self) -> list[dict[str, Any]]:
+        """Per engine, as this client saw it: ``up`` (requests go to it), the weights
+        ``version`` its last answer carried, and its calls ``answered`` and ``found_dead``
+        (metrics: the live gateway's engine families). An in-process engine never dies alone."""
+        return [{"engine": 0, "up": True, "version": self.version, "answered": 0, "found_dead": 0}]
 
     async def generate_n(self, prompt_ids: list[int], params: SamplingParams,
                          request_id: str | None = None, session_id: str | None = None) -> list[Completion]:
@@ -161,6 +192,9 @@ class RayEngineClient(EngineClient):
         self._outstanding = [0] * len(self.handles)
         self._where: dict[str, int] = {}
         self._version = 0
+        self._down: dict[int, float] = {}  # engine index -> when a call found it dead
+        self._versions = [0] * len(self.handles)  # the version each engine's last answer carried
+        self._calls = [{"answered": 0, "found_dead": 0} for _ in self.handles]
 
     def __getstate__(self) -> dict[str, Any]:
         return {"handles": self.handles, "model_path": self.model_path}
@@ -183,46 +217,112 @@ class RayEngineClient(EngineClient):
     def version(self) -> int:
         return self._version
 
-    def _pick(self, session_id: str | None) -> int:
+    def _up(self, avoid: tuple[int, ...] = ()) -> list[int]:
+        """Engines a request may go to: those not found dead in the last ``DOWN_S`` and not in
+        ``avoid``; when none is left, every engine not avoided (a restarting one queues it)."""
+        now = time.monotonic()
+        free = [i for i in range(len(self.handles)) if i not in avoid]
+        return [i for i in free if now - self._down.get(i, -DOWN_S) >= DOWN_S] or free
+
+    def _pick(self, session_id: str | None, avoid: tuple[int, ...] = ()) -> int:
+        up = self._up(avoid)
         if session_id is not None:  # stable across clients and processes (no hash seed)
-            return zlib.crc32(session_id.encode()) % len(self.handles)
-        return min(range(len(self.handles)), key=self._outstanding.__getitem__)
+            key = zlib.crc32(session_id.encode())
+            home = key % len(self.handles)
+            return home if home in up else up[key % len(up)]
+        return min(up, key=self._outstanding.__getitem__)
 
     def _seen(self, version: int) -> None:
         self._version = max(self._version, version)
 
+    def _answered(self, idx: int, version: int, adapter: str | None, call: bool = True) -> None:
+        """Engine ``idx`` answered (a call's first answer counts it, with ``call``): up again;
+        the weights version it served noted (an adapter's versions are its own, not the weights')."""
+        self._down.pop(idx, None)
+        self._calls[idx]["answered"] += call
+        if adapter is None:
+            self._seen(version)
+            self._versions[idx] = version
+
+    def _mark_down(self, idx: int) -> None:
+        self._down[idx] = time.monotonic()
+        self._calls[idx]["found_dead"] += 1
+
+    def _gone(self, idx: int, tried: tuple[int, ...], exc: BaseException) -> tuple[int, ...]:
+        """Engine ``idx`` failed a call with ``exc``: unless it died, ``exc`` is raised; else it
+        is marked down and the engines tried so far are returned, or ``EngineUnavailable``
+        raised once none is left to try."""
+        if not engine_gone(exc):
+            raise exc
+        self._mark_down(idx)
+        tried = (*tried, idx)
+        if len(tried) >= len(self.handles):
+            raise EngineUnavailable(f"no engine could serve the request: engine(s) {list(tried)} of "
+                                    f"{len(self.handles)} dead or restarting ({type(exc).__name__})") from exc
+        return tried
+
+    def health(self) -> list[dict[str, Any]]:
+        up = set(self._up())
+        return [{"engine": i, "up": i in up, "version": v, **self._calls[i]} for i, v in enumerate(self._versions)]
+
     async def generate(self, prompt_ids, params, request_id=None, session_id=None) -> Completion:
         rid = request_id or new_request_id()
-        idx = self._pick(session_id)
-        self._outstanding[idx] += 1
-        self._where[rid] = idx
-        try:
-            done = await self.handles[idx].generate.remote(prompt_ids, params, rid)
-        finally:
-            self._outstanding[idx] -= 1
-            self._where.pop(rid, None)
-        if params.adapter is None:  # an adapter's versions are its own, not the weights'
-            self._seen(done.version_spans[-1][1])
+        tried: tuple[int, ...] = ()
+        while True:  # an engine that died under it: the next one (the caller saw nothing)
+            idx = self._pick(session_id, tried)
+            self._outstanding[idx] += 1
+            self._where[rid] = idx
+            try:
+                done = await self.handles[idx].generate.remote(prompt_ids, params, rid)
+                break
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the engine died
+                tried = self._gone(idx, tried, exc)
+            finally:
+                self._outstanding[idx] -= 1
+                self._where.pop(rid, None)
+        self._answered(idx, done.version_spans[-1][1], params.adapter)
         return done
 
     async def stream(self, prompt_ids, params, request_id=None, session_id=None) -> AsyncIterator[Chunk]:
         rid = request_id or new_request_id()
-        idx = self._pick(session_id)
+        tried: tuple[int, ...] = ()
+        while True:  # an engine that died before it sent anything: the next one
+            idx = self._pick(session_id, tried)
+            sent = False
+            try:  # closed with this one: a consumer that leaves early aborts the engine's request now
+                async with contextlib.aclosing(self._stream_on(idx, prompt_ids, params, rid)) as chunks:
+                    async for chunk in chunks:
+                        sent = True
+                        yield chunk
+                return
+            except Exception as exc:  # noqa: BLE001 - re-raised unless the engine died
+                if sent and engine_gone(exc):
+                    self._mark_down(idx)
+                    raise EngineUnavailable(f"engine {idx} died mid-stream ({type(exc).__name__}); "
+                                            "the tokens sent so far are all there is") from exc
+                tried = self._gone(idx, tried, exc)
+
+    async def _stream_on(self, idx: int, prompt_ids: list[int], params: SamplingParams,
+                         rid: str) -> AsyncIterator[Chunk]:
         self._outstanding[idx] += 1
         self._where[rid] = idx
-        finished = False
+        finished = dead = False
+        chunks = 0
         try:
             refs = self.handles[idx].stream.options(num_returns="streaming").remote(prompt_ids, params, rid)
             async for ref in refs:
                 chunk = await ref
-                if params.adapter is None:
-                    self._seen(chunk.version)
+                self._answered(idx, chunk.version, params.adapter, call=chunks == 0)
+                chunks += 1
                 finished = chunk.finish_reason is not None
                 yield chunk
+        except Exception as exc:  # noqa: BLE001 - re-raised
+            dead = engine_gone(exc)
+            raise
         finally:
             self._outstanding[idx] -= 1
             self._where.pop(rid, None)
-            if not finished:  # the consumer left early: free the engine's row
+            if not finished and not dead:  # the consumer left early: free the engine's row
                 await self.handles[idx].abort.remote(rid)
 
     async def prompt_logprobs(self, prompt_ids, session_id=None, first=1, adapter=None) -> tuple[int, list[float]]:
@@ -351,3 +451,6 @@ class AdapterClient(EngineClient):
 
     async def features(self) -> frozenset[str]:
         return await self.inner.features()
+
+    def health(self) -> list[dict[str, Any]]:
+        return self.inner.health()

@@ -31,17 +31,20 @@ log = logging.getLogger(__name__)
 
 class EngineServer:
     def __init__(self, cfg: Any, model_path: str, seed: int = 0, catch_up: Any = None,
-                 restarted_by_ray: bool = False, fair: tuple[int, int] | None = None) -> None:
+                 restarted_by_ray: bool = False, fair: tuple[int, int] | None = None,
+                 engine: Any = None) -> None:
         """``catch_up``: where the newest published weights are, for an actor Ray starts again.
         ``restarted_by_ray``: this server owns its process (an actor): its first call runs
         ``start`` if nobody has, so an actor that Ray started again after a crash pins its
         cores and serves the newest weights, not the ones it was built with. ``fair``:
-        (requests running at once, of them per adapter) for an engine several runs share."""
+        (requests running at once, of them per adapter) for an engine several runs share.
+        ``engine``: an engine already built, served instead of ``cfg``'s (benches: a config
+        never carries one)."""
         self.cfg, self.catch_up, self._start_on_use = cfg, catch_up, restarted_by_ray
         self.gate = FairGate(*fair) if fair is not None else None
         self._queued: dict[str, asyncio.Task] = {}  # request id -> its wait for a gate slot (abort takes it out)
         # a stored policy (``cluster.storage``) is copied to this node first
-        self.engine = make_engine(cfg, node_copy(model_path), seed=seed)
+        self.engine = engine if engine is not None else make_engine(cfg, node_copy(model_path), seed=seed)
         self._starting: asyncio.Future | None = None
         self._joined: asyncio.Event | None = None
 
