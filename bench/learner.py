@@ -163,8 +163,13 @@ def bench_publish(worker, repeats: int) -> list[tuple[str, float, int]]:
     return rows
 
 
+PHASES = ("forward", "backward", "optimizer step")
+
+
 def memory_child(args: argparse.Namespace) -> None:
-    """One variant of ``--memory`` in this process: prints its numbers as one JSON line."""
+    """One variant of ``--memory`` in this process: prints its numbers as one JSON line, the
+    peak RSS of each phase of two updates (forward: the micro-step's log-probs and loss;
+    backward; the optimizer step), sampled every 3 ms."""
     import json
     import threading
 
@@ -175,26 +180,38 @@ def memory_child(args: argparse.Namespace) -> None:
 
     if args.memory_child == "whole":
         next_token.PLAIN_HEADS = frozenset()  # every model takes the whole-logits path
-    proc, peak, done = psutil.Process(), [0], threading.Event()
+    proc, phase, peaks, done = psutil.Process(), ["setup"], {}, threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.005):
-            peak[0] = max(peak[0], proc.memory_info().rss)
+        while not done.wait(0.003):
+            peaks[phase[0]] = max(peaks.get(phase[0], 0), proc.memory_info().rss)
+
+    def marked(fn: Callable, name: str, after: str) -> Callable:
+        def run(*a, **k):
+            phase[0] = name
+            out = fn(*a, **k)
+            phase[0] = after
+            return out
+        return run
 
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build_tiny_llama(Path(tmp), CORPUS, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
                                       max_positions=2048, model_vocab=args.model_vocab)
         params = sum(p.numel() for p in model.parameters())
         del model
-        cfg = LearnerConfig(batch_groups=args.groups, micro_batch_size=args.micro_batch_size, torch_threads=args.threads)
+        cfg = LearnerConfig(batch_groups=args.groups, micro_batch_size=args.micro_batch_size,
+                            torch_threads=args.threads, zero_stage=args.zero_stage)
         worker = LearnerWorker(cfg, tmp, tempfile.mkdtemp(), ports=None, group_size=args.group_size, temperature=1.0)
+        worker._micro_step = marked(worker._micro_step, "forward", "other")
+        worker.ds_engine.backward = marked(worker.ds_engine.backward, "backward", "other")
+        worker.ds_engine.step = marked(worker.ds_engine.step, "optimizer step", "other")
         trajs = trajectories(args, len(tok))
         before = proc.memory_info().rss
         threading.Thread(target=sample, daemon=True).start()
         times = [timed(lambda: worker._update(trajs)) for _ in range(2)]
         done.set()
     print(json.dumps({"variant": args.memory_child, "params": params, "rss_before_gb": before / 1e9,
-                      "peak_gb": peak[0] / 1e9, "step_s": times[-1]}))
+                      "peaks_gb": {k: peaks.get(k, 0) / 1e9 for k in PHASES}, "step_s": times[-1]}))
 
 
 def bench_memory(args: argparse.Namespace) -> None:
@@ -202,7 +219,8 @@ def bench_memory(args: argparse.Namespace) -> None:
     import subprocess
 
     shape = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--model-vocab", str(args.model_vocab),
-             "--groups", str(args.groups), "--group-size", str(args.group_size), "--threads", str(args.threads)]
+             "--groups", str(args.groups), "--group-size", str(args.group_size), "--threads", str(args.threads),
+             "--zero-stage", str(args.zero_stage), "--micro-batch-size", str(args.micro_batch_size)]
     rows = {}
     for variant in ("chunked", "whole"):
         out = subprocess.run([sys.executable, __file__, "--memory-child", variant, *shape], capture_output=True,
@@ -210,12 +228,15 @@ def bench_memory(args: argparse.Namespace) -> None:
         rows[variant] = json.loads(out.strip().splitlines()[-1])
     ideal = rows["chunked"]["params"] * 16 / 1e9
     print(f"model: {rows['chunked']['params'] / 1e6:.1f}M parameters, a {args.model_vocab}-word head; "
-          f"{args.groups * args.group_size} rows; {args.threads} threads")
+          f"{args.groups * args.group_size} rows; ZeRO {args.zero_stage}; {args.threads} threads")
     print(f"ideal (fp32 weights + gradients + Adam's two moments): {ideal:.2f} GB")
+    print(f"{'':9s}" + "".join(f"{p + ' GB':>18s}" for p in PHASES) + f"{'peak / ideal':>14s}{'before GB':>11s}{'step s':>8s}")
     for name, r in rows.items():
-        print(f"{name:8s} peak RSS {r['peak_gb']:.2f} GB ({r['peak_gb'] / ideal:.2f}x ideal; before the steps "
-              f"{r['rss_before_gb']:.2f} GB), step {r['step_s']:.1f} s")
-    print(f"peak chunked/whole: {rows['chunked']['peak_gb'] / rows['whole']['peak_gb']:.2f}x; "
+        peak = max(r["peaks_gb"].values())
+        print(f"{name:9s}" + "".join(f"{r['peaks_gb'][p]:>18.2f}" for p in PHASES)
+              + f"{peak / ideal:>14.2f}{r['rss_before_gb']:>11.2f}{r['step_s']:>8.1f}")
+    c, w = rows["chunked"]["peaks_gb"], rows["whole"]["peaks_gb"]
+    print(f"peak chunked/whole: {max(c.values()) / max(w.values()):.2f}x (forward {c['forward'] / w['forward']:.2f}x); "
           f"step time chunked/whole: {rows['chunked']['step_s'] / rows['whole']['step_s']:.2f}x")
 
 

@@ -69,6 +69,8 @@ class Tally:
     latency: list[float] = field(default_factory=list)
     answered: Counter = field(default_factory=Counter)
     """session id -> requests answered in full (a complete reply or a stream that finished)."""
+    samples: list[str] = field(default_factory=list)
+    """The first errors' messages."""
     error_times: list[tuple[float, str]] = field(default_factory=list)
     """(time.time(), kind) of every error, for the fault phase's time to the first one."""
 
@@ -80,6 +82,10 @@ class Tally:
 def _error_kind(exc: BaseException) -> str:
     if isinstance(exc, openai.APIStatusError):
         return f"http_{exc.status_code}"
+    if isinstance(exc, httpx.HTTPStatusError):  # the session routes (feedback, /end)
+        return f"session_route_http_{exc.response.status_code}"
+    if isinstance(exc, httpx.HTTPError):
+        return f"session_route_{type(exc).__name__}"
     if isinstance(exc, openai.APITimeoutError):
         return "timeout"
     if isinstance(exc, openai.APIConnectionError):
@@ -163,7 +169,9 @@ async def agent_session(client: openai.AsyncOpenAI, http: httpx.AsyncClient, sid
             (await http.post(f"sessions/{sid}/end")).raise_for_status()
         tally.sessions += 1
     except (openai.APIError, httpx.HTTPError) as exc:
-        tally.error(_error_kind(exc) if isinstance(exc, openai.APIError) else f"session_route_{type(exc).__name__}")
+        tally.error(_error_kind(exc))
+        if len(tally.samples) < 5:  # what the first few said, for the report
+            tally.samples.append(f"{_error_kind(exc)}: {exc!r}"[:300])
 
 
 async def drive(base: str, tasks: list[Any], n: int, seconds: float, tag: str,
@@ -174,7 +182,7 @@ async def drive(base: str, tasks: list[Any], n: int, seconds: float, tag: str,
     limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(limits=limits, timeout=300) as raw, \
-            httpx.AsyncClient(base_url=base + "/", headers=auth, timeout=60) as http:
+            httpx.AsyncClient(base_url=base + "/", headers=auth, timeout=300, limits=limits) as http:
         client = openai.AsyncOpenAI(base_url=base, api_key=TOKEN, http_client=raw, max_retries=0, timeout=300)
         stop = time.perf_counter() + seconds
         counter = iter(range(10**9))
@@ -221,7 +229,7 @@ def _pct(xs: list[float], q: int) -> float | None:
 def summary(n: int, tally: Tally, elapsed: float, gateway: dict) -> dict[str, Any]:
     return {"sessions": n, "elapsed_s": round(elapsed, 1), "sessions_done": tally.sessions,
             "sessions_per_s": tally.sessions / elapsed, "requests_ok": tally.ok, "requests_per_s": tally.ok / elapsed,
-            "http_200": tally.http_200, "errors": dict(tally.errors),
+            "http_200": tally.http_200, "errors": dict(tally.errors), "error_samples": tally.samples,
             **{f"{k}_p{q}_ms": (None if (v := _pct(getattr(tally, k), q)) is None else v * 1e3)
                for k in ("ttft", "itl", "latency") for q in (50, 99)},
             "gateway": gateway}

@@ -64,6 +64,18 @@ class SessionEnded(GatewayError):
         super().__init__("session_id", f"session {session_id!r} has ended; start a new session id")
 
 
+class SessionClosed(GatewayError):
+    """Feedback for a session the gateway has already closed and submitted (HTTP 409): its
+    segments left with what they had (``cause``: ended, feedback_idle, timed_out, evicted)."""
+
+    status = 409
+
+    def __init__(self, session_id: str, cause: str) -> None:
+        super().__init__("session_id", f"session {session_id!r} was closed ({cause}) and submitted before this "
+                                       "feedback came; feedback must come before the close (live.close_after_"
+                                       "feedback_s, live.feedback_timeout_s)")
+
+
 class NoEngine(GatewayError):
     """No engine of the run could serve the request: the ones tried were dead or restarting, or
     the one streaming it died mid-way (HTTP 503 with ``Retry-After``; mid-stream, the same body

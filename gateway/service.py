@@ -26,6 +26,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
@@ -34,7 +35,7 @@ from envs.formats import DEFAULT_FORMAT
 from gateway.admission import Admission
 from gateway.config import LiveConfig
 from gateway.constraints import GUIDED, Guide, guide_for
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, NoEngine
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, NoEngine, SessionClosed
 from gateway.feedback import apply_feedback
 from gateway.openai_types import ChatCompletionChunk, ChatCompletionRequest, ModelCard, ModelList, NamedToolChoice, \
     Usage, parse_chat_request
@@ -181,6 +182,9 @@ class LiveService:
         self._episodes = dict.fromkeys(EPISODE_RESULTS, 0)
         self._feedback_counts = {"received": 0, "invalid": 0, "timed_out": 0}
         self._closed = dict.fromkeys(CLOSE_CAUSES, 0)
+        self._closed_ids: OrderedDict[str, tuple[str, int, bool]] = OrderedDict()
+        """Recently closed session id -> (cause, turns, submitted with feedback), for an /end or
+        feedback that comes after the close."""
         self._pending: set[asyncio.Task] = set()
         self._features: frozenset[str] | None = None
         """The engines' ``features``, asked once (the first request that needs one)."""
@@ -369,6 +373,9 @@ class LiveService:
 
     # -- sessions --------------------------------------------------------------------------
     def feedback(self, session_id: str, body: Any) -> dict[str, Any]:
+        if session_id in self._closed_ids and not self.recorder.has(session_id):
+            self._feedback_counts["invalid"] += 1
+            raise SessionClosed(session_id, self._closed_ids[session_id][0])
         try:
             fb = apply_feedback(self.recorder, session_id, body)
         except GatewayError:
@@ -385,6 +392,11 @@ class LiveService:
         return out
 
     def end(self, session_id: str) -> dict[str, Any]:
+        """End a session; for one the gateway closed a moment ago (after its feedback went
+        idle: a client's /end racing ``close_after_feedback_s``), the same answer again."""
+        if session_id in self._closed_ids and not self.recorder.has(session_id):
+            cause, turns, submitted = self._closed_ids[session_id]
+            return {"session_id": session_id, "turns": turns, "submitted": submitted, "closed": cause}
         self.recorder.end(session_id)
         session = self.recorder.get(session_id)
         has_feedback = session_id in self._feedback
@@ -428,6 +440,9 @@ class LiveService:
         had_feedback = session_id in self._feedback
         self._feedback.discard(session_id)
         self._closed[cause] += 1
+        self._closed_ids[session_id] = (cause, sum(len(s.trajectory.turns) for s in segments), had_feedback)
+        while len(self._closed_ids) > self.cfg.max_sessions:  # bounded: the oldest closes are forgotten
+            self._closed_ids.popitem(last=False)
         return self._spawn(self._submit(segments, had_feedback, cause))
 
     def _spawn(self, coro: Any) -> asyncio.Task:

@@ -188,6 +188,10 @@ class SessionRecorder:
         """Activity other than a request (feedback): the session's idle time starts again."""
         self.get(session_id).last_active = self.clock()
 
+    def has(self, session_id: str) -> bool:
+        """A session with this id is open."""
+        return session_id in self._sessions
+
     def get(self, session_id: str) -> Session:
         if session_id not in self._sessions:
             raise UnknownSession(session_id)
