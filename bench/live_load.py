@@ -70,7 +70,7 @@ class Tally:
     answered: Counter = field(default_factory=Counter)
     """session id -> requests answered in full (a complete reply or a stream that finished)."""
     samples: list[str] = field(default_factory=list)
-    """The first errors' messages."""
+    """The first two messages of each kind of error."""
     error_times: list[tuple[float, str]] = field(default_factory=list)
     """(time.time(), kind) of every error, for the fault phase's time to the first one."""
 
@@ -169,9 +169,10 @@ async def agent_session(client: openai.AsyncOpenAI, http: httpx.AsyncClient, sid
             (await http.post(f"sessions/{sid}/end")).raise_for_status()
         tally.sessions += 1
     except (openai.APIError, httpx.HTTPError) as exc:
-        tally.error(_error_kind(exc))
-        if len(tally.samples) < 5:  # what the first few said, for the report
-            tally.samples.append(f"{_error_kind(exc)}: {exc!r}"[:300])
+        kind = _error_kind(exc)
+        if tally.errors[kind] < 2:  # what the first two of each kind said, for the report
+            tally.samples.append(f"{kind}: {exc!r} {exc.__cause__!r}"[:400])
+        tally.error(kind)
 
 
 async def drive(base: str, tasks: list[Any], n: int, seconds: float, tag: str,
@@ -293,8 +294,9 @@ def metric(samples: dict, name: str, **labels: str) -> float:
 class Fault(threading.Thread):
     """``kill -9`` of ``component`` ``after`` seconds into the fault phase, then its recovery
     watched: engine 0 answering the gateway again after the gateway found it dead (an engine),
-    or the engines serving a version newer than the one served at the kill (the learner,
-    redis-server: training went on and published)."""
+    or the engines serving a version two past the one served at the kill (the learner,
+    redis-server: a step trained after the kill and published; the first may have been in
+    flight)."""
 
     def __init__(self, component: str, run_dir: Path, base: str, after: float, timeout: float = 240.0) -> None:
         super().__init__(daemon=True)
@@ -314,8 +316,8 @@ class Fault(threading.Thread):
         while time.time() < self.killed_at + self.timeout:
             time.sleep(0.25)
             now = scrape(self.base)
-            if self.component != "engine":
-                if metric(now, "turnrl_gateway_policy_version") > version:
+            if self.component != "engine":  # +2: a version in flight at the kill is not a new step
+                if metric(now, "turnrl_gateway_policy_version") >= version + 2:
                     self.info["version_after"] = metric(now, "turnrl_gateway_policy_version")
                     break
                 continue

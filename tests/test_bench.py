@@ -198,7 +198,7 @@ def test_scale_replay_quick_trains_what_the_producers_put() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "replay", "--quick"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.split("reserve p50 ms")[1].splitlines() if line.strip()]
+    rows = [line.split() for line in proc.stdout.split("reserve p50 ms")[1].splitlines()[1:] if line.strip()]
     assert [(r[0], r[1]) for r in rows] == [("inproc", "1"), ("inproc", "4")]
     assert all(float(r[2]) > 0 and int(r[4]) > 0 for r in rows), proc.stdout  # trained/s, versions
 
