@@ -35,6 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.offline_env import offline_env, use_offline_env  # noqa: E402
 
 CONFIG = ROOT / "configs" / "credit_search_qa.yaml"
 METHODS: dict[str, tuple[str, ...]] = {
@@ -170,7 +171,7 @@ def run_logged(cmd: list[str], log: Path) -> tuple[int, float, dict[str, float]]
     log.parent.mkdir(parents=True, exist_ok=True)
     load, t0 = LoadSampler(), time.time()
     with log.open("w") as fh:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=_env()).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=offline_env()).returncode
     return rc, time.time() - t0, load.stop()
 
 
@@ -280,18 +281,10 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    for key, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled"), ("HF_HUB_OFFLINE", "1"),
-                       ("TOKENIZERS_PARALLELISM", "false"), ("DS_BUILD_OPS", "0")):
-        env.setdefault(key, value)
-    return env
-
-
 def calibrate(args: argparse.Namespace) -> int:
     """The warm start (built as ``turnrl train`` builds it) on the held-out questions: success
     per hop count, the numbers the task's hop mix was chosen from."""
-    os.environ.update({k: v for k, v in _env().items() if k not in os.environ})
+    use_offline_env()
     from cluster.config import load_config
     from cluster.eval_cli import evaluate_checkpoint
     from envs.registry import make_task_source

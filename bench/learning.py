@@ -35,6 +35,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.offline_env import use_offline_env  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -403,9 +404,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for key, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled"),
-                       ("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("DS_BUILD_OPS", "0")):
-        os.environ.setdefault(key, value)
+    use_offline_env()
     wanted = set(args.estimators.split(",")) if args.estimators else None
     cells = [c for c in MATRIX if (args.only in (None, c.env)) and (wanted is None or c.estimator in wanted)]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 import psutil  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from bench.offline_env import use_offline_env  # noqa: E402
 from serving import POLICY_OVERRIDES, build_policy  # noqa: E402
 
 TOKEN = "live-load-token"
@@ -439,6 +440,7 @@ def main() -> int:
             or ("redis" in faults and args.replay != "redis"):
         p.error(f"--fault takes {', '.join(FAULTS)}; an engine fault needs --engines 2 or more, a redis "
                 "fault --replay redis")
+    use_offline_env()  # the run's processes inherit it
     build_policy()  # cached; the run finds it
     from cluster.config import load_config
     from envs.registry import make_task_source

@@ -365,6 +365,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    from bench.offline_env import use_offline_env
+
+    use_offline_env()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="action", required=True)
     f = sub.add_parser("fanout", help="weight-sync publish fan-out against engine count")
