@@ -106,7 +106,14 @@ class JobsConfig(BaseModel):
     env: dict[str, str] = {}
     """Extra environment variables for every run (e.g. HF_HOME)."""
     poll_s: float = Field(2.0, gt=0)
-    """How often the service refreshes the status of active runs from Ray."""
+    """How often the service refreshes the status of active runs from Ray (and starts queued
+    runs as slots free)."""
+    max_running: int | None = Field(None, ge=1)
+    """Runs started in Ray at once, every tenant's together (pending, running or stopping). A run
+    admitted beyond it waits in the service as ``queued``, in submission order, and is started
+    when one ends; a queued run that is stopped never starts. None: every admitted run starts at
+    once. (A queue in Ray itself, an entrypoint resource the head has too few of, cannot stop a
+    run still waiting in it.)"""
 
     def workdir(self) -> Path:
         """Where runs start, absolute: relative paths in their configs resolve from here."""
@@ -215,7 +222,7 @@ class LimitsConfig(BaseModel):
         return refuse_removed(data, "limits", {"min_poll_s": f"nothing polls for weights any more: {PUSHED}"})
 
     max_concurrent_runs: int = Field(4, ge=1)
-    """Runs pending, running or stopping at once (429 beyond)."""
+    """Runs queued, pending, running or stopping at once (429 beyond)."""
     max_steps: int = Field(100_000, ge=1)
     """Largest ``train.steps`` (422 beyond)."""
     max_actors: int = Field(32, ge=1)

@@ -13,9 +13,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-Status = Literal["pending", "running", "stopping", "succeeded", "stopped", "failed", "lost"]
+Status = Literal["queued", "pending", "running", "stopping", "succeeded", "stopped", "failed", "lost"]
 TERMINAL: frozenset[str] = frozenset({"succeeded", "stopped", "failed", "lost"})
-ACTIVE: tuple[str, ...] = ("pending", "running", "stopping")
+STARTED: tuple[str, ...] = ("pending", "running", "stopping")
+"""Runs with a Ray job: what ``jobs.max_running`` counts."""
+ACTIVE: tuple[str, ...] = ("queued", *STARTED)
+"""Runs not finished: what a tenant's ``limits.max_concurrent_runs`` counts, queued ones too."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

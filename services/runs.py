@@ -30,7 +30,7 @@ from services.admission import Admission, InvalidRunConfig, TooManyRuns
 from services.config import ServiceConfig
 from services.jobs import JobNotFound, RayJobs, RayUnavailable
 from services.pools import PoolJobs
-from services.registry import ACTIVE, TERMINAL, RunRecord, RunRegistry
+from services.registry import ACTIVE, STARTED, TERMINAL, RunRecord, RunRegistry
 from services.secrets import write_secrets
 
 log = logging.getLogger(__name__)
@@ -169,14 +169,48 @@ class RunManager:
                                   "wait for one to finish or stop one")
             if run_cfg.rollout.pool is not None:
                 self._pool_room(owner, run_cfg.rollout.pool)
-            self._record(owner, slug, run_cfg, run_dir)
-        try:
-            self.jobs.submit(run_id, run_dir / RUN_CONFIG_FILE, {"turnrl_run": run_id, "owner": owner})
-        except RayUnavailable as exc:
-            self.registry.update(run_id, status="failed", finished_at=time.time(), message=str(exc))
-            raise
+            queued = not self._slot_free()
+            self._record(owner, slug, run_cfg, run_dir, "queued" if queued else "pending")
+        if queued:
+            log.info("run %s submitted by %s, queued (jobs.max_running=%s)", run_id, owner, self.cfg.jobs.max_running)
+            return self.registry.get(run_id)
+        self._start(self.registry.get(run_id))
         log.info("run %s submitted by %s", run_id, owner)
         return self.registry.get(run_id)
+
+    def _slot_free(self) -> bool:
+        limit = self.cfg.jobs.max_running
+        return limit is None or len(self.registry.list(statuses=STARTED)) < limit
+
+    def _start(self, rec: RunRecord, fail: bool = True) -> None:
+        """Submit ``rec``'s Ray job. When Ray cannot be reached it raises; with ``fail`` the run
+        is failed first (a submission answered 503), else it stays as it is (a queued run: the
+        next poll tries again)."""
+        try:
+            self.jobs.submit(rec.id, Path(rec.run_dir) / RUN_CONFIG_FILE, {"turnrl_run": rec.id, "owner": rec.owner})
+        except RayUnavailable as exc:
+            if fail:
+                self.registry.update(rec.id, status="failed", finished_at=time.time(), message=str(exc))
+            raise
+        self.registry.update(rec.id, status="pending")
+
+    def start_queued(self) -> list[str]:
+        """Start queued runs, oldest first, while ``jobs.max_running`` has room; their ids."""
+        started = []
+        with self._submit_lock:
+            queued = sorted(self.registry.list(statuses=("queued",)), key=lambda r: r.created_at)
+            for rec in queued:
+                if not self._slot_free():
+                    break
+                try:
+                    self._start(rec, fail=False)
+                except RayUnavailable as exc:
+                    log.warning("queued runs wait: %s", exc)
+                    break  # the next poll tries again
+                started.append(rec.id)
+        for rid in started:
+            log.info("run %s started from the queue", rid)
+        return started
 
     def pool_runs(self) -> dict[str, list[RunRecord]]:
         """Active runs by the engine pool they name."""
@@ -198,22 +232,23 @@ class RunManager:
             raise TooManyRuns(f"{owner!r} has {mine} runs on engine pool {pool!r}; limits.max_pool_adapters="
                               f"{limit}: wait for one to finish or stop one")
 
-    def _record(self, owner: str, slug: str, run_cfg: RunConfig, run_dir: Path) -> RunRecord:
+    def _record(self, owner: str, slug: str, run_cfg: RunConfig, run_dir: Path, status: str) -> RunRecord:
         run_dir.mkdir(mode=0o700)  # other users of the machine cannot look in
         config_path = run_dir / RUN_CONFIG_FILE
         # what people see: secrets masked; the job reads their real values from the 0600 file
         config_path.write_text(yaml.safe_dump(run_cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
         write_secrets(run_dir, run_cfg)
         now = time.time()
-        rec = RunRecord(id=run_dir.name, owner=owner, name=slug, status="pending", run_dir=str(run_dir),
+        rec = RunRecord(id=run_dir.name, owner=owner, name=slug, status=status, run_dir=str(run_dir),
                         total_steps=run_cfg.train.steps, created_at=now, updated_at=now)
         self.registry.add(rec)
         return rec
 
     # -- status ----------------------------------------------------------------------------
     def refresh(self, rec: RunRecord, note: str | None = None) -> RunRecord:
-        """Ask Ray about an active run; terminal runs are returned as they are."""
-        if rec.terminal:
+        """Ask Ray about an active run; terminal and queued runs (no Ray job yet) are returned
+        as they are."""
+        if rec.terminal or rec.status == "queued":
             return rec
         try:
             status, message = self.jobs.info(rec.id)
@@ -249,6 +284,7 @@ class RunManager:
         for rec in self.registry.list(statuses=ACTIVE):
             new = self.refresh(rec, note=note)
             report["finished" if new.terminal else "still_running"].append(new.id)
+        self.start_queued()  # slots the finished ones freed
         self.sync_targets()
         if startup and (report["still_running"] or report["finished"]):
             log.info("reconnected to %d active run(s) %s; %d finished meanwhile %s",
@@ -301,6 +337,13 @@ class RunManager:
         rec = self.refresh(rec)
         if rec.terminal:
             raise Conflict(f"run {rec.id} already {rec.status}")
+        if rec.status == "queued":  # no Ray job: it never starts
+            with self._submit_lock:  # not while start_queued may be starting it
+                rec = self.registry.get(rec.id)
+                if rec.status == "queued":
+                    log.info("run %s stopped while queued", rec.id)
+                    return self.registry.update(rec.id, stop_requested=1, status="stopped", finished_at=time.time(),
+                                                message="stopped while queued; it never started") or rec
         try:
             self.jobs.stop(rec.id)
         except JobNotFound:

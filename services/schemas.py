@@ -36,7 +36,8 @@ class RunSummary(BaseModel):
     owner: str
     """Name of the token that submitted it."""
     status: str
-    """pending, running, stopping, succeeded, stopped, failed or lost (Ray forgot the job)."""
+    """queued (waiting for ``jobs.max_running``), pending, running, stopping, succeeded, stopped,
+    failed or lost (Ray forgot the job)."""
     step: int
     """Last optimizer step in metrics.jsonl."""
     total_steps: int

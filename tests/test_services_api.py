@@ -116,6 +116,28 @@ def test_valid_run_with_ray_down_is_503_and_recorded_failed(service: Service) ->
     assert [r["status"] for r in runs] == ["failed"] and runs[0]["id"].startswith("ok-")
 
 
+def test_runs_past_max_running_wait_queued_and_a_queued_stop_is_at_once(tmp_path) -> None:
+    # jobs.max_running 1 and bob's run holding the slot: alice's runs are admitted and queued
+    # (no Ray job: Ray is not even reachable here); a queued run stopped never starts; when the
+    # slot frees, the next poll submits the oldest queued run (Ray down: it stays queued).
+    with serve(ray_down(tmp_path, jobs={"max_running": 1})) as svc:
+        manager = svc.state.manager
+        manager.registry.add(RunRecord(id="bobs-live-run-0001", owner="bob", name="b", status="running",
+                                       run_dir=str(tmp_path / "b"), total_steps=2, created_at=1.0, updated_at=1.0))
+        made = [httpx.post(f"{svc.url}/v1/runs", json={"name": f"q{i}"}, headers=bearer(ALICE), timeout=120)
+                for i in range(2)]
+        assert [(r.status_code, r.json()["status"]) for r in made] == [(201, "queued"), (201, "queued")]
+        first, second = (r.json()["id"] for r in made)
+        stopped = httpx.post(f"{svc.url}/v1/runs/{second}/stop", headers=bearer(ALICE))
+        assert stopped.status_code == 202 and stopped.json()["status"] == "stopped"
+        assert "never started" in manager.registry.get(second).message
+        listed = httpx.get(f"{svc.url}/v1/runs?status=queued", headers=bearer(ALICE)).json()["runs"]
+        assert [r["id"] for r in listed] == [first]
+        manager.registry.update("bobs-live-run-0001", status="succeeded", finished_at=2.0)
+        manager.reconcile()
+        assert manager.registry.get(first).status == "queued"  # Ray is down: waits for the next poll
+
+
 def test_metrics_rows_page_by_cursor_with_nan_as_null(service: Service) -> None:
     url = f"{service.url}/v1/runs/bobs-run-00000001/metrics"
     page = httpx.get(url, headers=bearer(BOB), params={"keys": "reward/outcome_mean"}).json()
