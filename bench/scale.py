@@ -6,6 +6,7 @@ and replay's admission and throughput against the number of rollout workers.
         [--params 135m] [--quick]
     .venv/bin/python bench/scale.py replay [--workers 1,8,64] [--backends inproc,redis]
         [--seconds 30] [--quick]
+    .venv/bin/python bench/scale.py service [--runs 100] [--quick]
 
 Engines are ``bench/synthetic_engine.py`` engines (no model; the engine contract; every byte of
 a version read, none held) served by the real ``EngineServer``, one Ray actor each, so one
@@ -35,6 +36,12 @@ learner actor claims batches of 8 groups and acknowledges each with the next ver
 (no training time: replay's ceiling, not the learner's), which is what widens admission (eta
 1). It prints groups/s through replay and the admission and put latencies against ``W``.
 
+``service``: the run service (REST API under uvicorn, its registry, the local Ray head it
+starts) takes ``--runs`` submissions over HTTP from one tenant with ``jobs.max_running: 1``: the
+first run starts (a real one-step tiny run) and the others wait ``queued`` in the service. It
+prints the latency of submit, list (every run in it), run detail and stop, one refresh of every
+active run (what the service does each ``jobs.poll_s``), and the time until every run has ended.
+
 What one machine cannot show: bytes crossing a network. On one node the object store maps one
 copy into every engine, and the file is read from one page cache; docs/results/scale.md says
 what a cluster of many nodes adds on paper.
@@ -43,6 +50,7 @@ what a cluster of many nodes adds on paper.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import statistics
@@ -364,6 +372,84 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0 if all(r["versions"] > 0 for r in rows) else 1
 
 
+def _ms(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=100) if len(xs) > 1 else xs * 99
+    return f"{1e3 * q[49]:.1f} / {1e3 * q[98]:.1f}"
+
+
+def run_service(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from services.api import create_app
+    from services.config import ServiceConfig
+    from services.ray_cluster import LocalRayHead, free_port
+    from services.server import build_state
+
+    token = "bench-token-0123456789"
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = ServiceConfig(state_dir=tmp, ray={"local": {"num_cpus": 2}}, jobs={"max_running": 1},
+                            limits={"max_concurrent_runs": args.runs})
+        state = build_state(cfg, {"TURNRL_SERVICE_TOKENS": f"bench={token}"})
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.05)
+        try:
+            out = _service_calls(f"http://127.0.0.1:{port}", token, args.runs, state.manager)
+        finally:
+            server.should_exit = True
+            state.manager.registry.close()
+            LocalRayHead(cfg.ray.local, cfg.state_path()).stop()
+    print(f"\n{args.runs} runs from one tenant, jobs.max_running 1; load {os.getloadavg()[0]:.2f}")
+    print(f"{'call':<36}{'p50 / p99 ms':>18}")
+    for name in ("submit", "list (every run)", "detail", "stop"):
+        print(f"{name:<36}{_ms(out[name]):>18}")
+    print(f"{'refresh every active run (one poll)':<36}{1e3 * out['refresh']:>15.1f} ms")
+    print(f"statuses after submit: {out['submitted']}; {out['ended_s']:.1f} s after the stops: {out['ended']}")
+    want = {"queued": args.runs - 1}
+    return 0 if {k: v for k, v in out["submitted"].items() if k == "queued"} == want \
+        and out["ended"] == {"stopped": args.runs} else 1
+
+
+def _service_calls(url: str, token: str, runs: int, manager: Any) -> dict[str, Any]:
+    import httpx
+
+    out: dict[str, Any] = {k: [] for k in ("submit", "list (every run)", "detail", "stop")}
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as http:
+        ids = []
+        for i in range(runs):
+            t0 = time.perf_counter()
+            res = http.post("/v1/runs", json={"name": f"r{i}", "train": {"steps": 1}, "eval": {"num_tasks": 0}})
+            out["submit"].append(time.perf_counter() - t0)
+            ids.append(res.raise_for_status().json()["id"])
+        t0 = time.perf_counter()
+        manager.reconcile()
+        out["refresh"] = time.perf_counter() - t0
+        for _ in range(20):
+            t0 = time.perf_counter()
+            listed = http.get("/v1/runs").raise_for_status().json()["runs"]
+            out["list (every run)"].append(time.perf_counter() - t0)
+        out["submitted"] = dict(collections.Counter(r["status"] for r in listed))
+        for rid in ids:
+            t0 = time.perf_counter()
+            http.get(f"/v1/runs/{rid}").raise_for_status()
+            out["detail"].append(time.perf_counter() - t0)
+        for rid in reversed(ids):  # the queued ones first: none of them may start meanwhile
+            t0 = time.perf_counter()
+            http.post(f"/v1/runs/{rid}/stop").raise_for_status()
+            out["stop"].append(time.perf_counter() - t0)
+        t0, deadline = time.perf_counter(), time.monotonic() + 600
+        while True:
+            manager.reconcile()
+            statuses = collections.Counter(r["status"] for r in http.get("/v1/runs").json()["runs"])
+            if set(statuses) <= {"stopped", "succeeded", "failed", "lost"} or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        out["ended"], out["ended_s"] = dict(statuses), time.perf_counter() - t0
+    return out
+
+
 def main() -> int:
     from bench.offline_env import use_offline_env
 
@@ -383,7 +469,13 @@ def main() -> int:
     r.add_argument("--backends", default="inproc,redis")
     r.add_argument("--seconds", type=float, default=30.0, help="length of each round")
     r.add_argument("--quick", action="store_true", help="1 and 4 workers in process, 5 s (the test)")
+    v = sub.add_parser("service", help="the run service with many runs submitted, queued and listed")
+    v.add_argument("--runs", type=int, default=100)
+    v.add_argument("--quick", action="store_true", help="5 runs (the test)")
     args = p.parse_args()
+    if args.action == "service":
+        args.runs = 5 if args.quick else args.runs
+        return run_service(args)
     if args.action == "replay":
         if args.quick:
             args.workers, args.backends, args.seconds = "1,4", "inproc", 5.0

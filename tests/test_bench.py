@@ -204,6 +204,16 @@ def test_scale_replay_quick_trains_what_the_producers_put() -> None:
 
 
 @pytest.mark.slow
+def test_scale_service_quick_queues_past_max_running_and_stops_every_run() -> None:
+    # bench/scale.py service: the run service over HTTP with its own Ray head, jobs.max_running 1:
+    # one run starts, four wait queued; every run stopped ends stopped
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "service", "--quick"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "'queued': 4" in proc.stdout and "{'stopped': 5}" in proc.stdout
+
+
+@pytest.mark.slow
 def test_learner_memory_quick_compares_the_chunked_head_with_whole_logits() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learner.py"), "--memory", "--quick"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
