@@ -345,9 +345,11 @@ class Fault(threading.Thread):
                 "time_to_recovery_s": None if self.recovered_at is None else round(self.recovered_at - self.killed_at, 2)}
 
 
-def run_overrides(out: Path, feedback_timeout_s: float, engines: int = 1, replay: str = "inproc") -> list[str]:
-    """The run the bench drives: the tiny agent, trained on live sessions only."""
-    return [*POLICY_OVERRIDES, f"rollout.engine.count={engines}", f"replay.type={replay}", f"output_dir={out}",
+def run_overrides(out: Path, feedback_timeout_s: float, engines: int = 1, replay: str = "inproc",
+                  config: Path | None = None) -> list[str]:
+    """The run the bench drives, trained on live sessions only: ``config``'s policy and world, or
+    (None) the tiny agent."""
+    return [*([] if config else POLICY_OVERRIDES), f"rollout.engine.count={engines}", f"replay.type={replay}", f"output_dir={out}",
             "name=live-load", "live.enabled=true", f"live.tokens=[{TOKEN}]",
             f"live.feedback_timeout_s={feedback_timeout_s}", "live.close_after_feedback_s=2",
             f"live.default_max_tokens={MAX_TOKENS}", "train.source=live", "train.steps=1000000",
@@ -355,12 +357,14 @@ def run_overrides(out: Path, feedback_timeout_s: float, engines: int = 1, replay
             "progress=none"]
 
 
-def start_run(out: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path, str]:
-    """``turnrl train`` in a process of its own; returns it, its run folder and its base URL."""
+def start_run(out: Path, overrides: list[str], config: Path | None = None) -> tuple[subprocess.Popen, Path, str]:
+    """``turnrl train [config]`` in a process of its own; returns it, its run folder and its base
+    URL (a config's warm start, if not cached, is built first: up to 15 minutes)."""
     run_dir = out / "live-load"
     for name in ("live.json", "placement.json"):
         (run_dir / name).unlink(missing_ok=True)
-    cmd = [str(Path(sys.executable).parent / "turnrl"), "train", *[a for o in overrides for a in ("--set", o)]]
+    cmd = [str(Path(sys.executable).parent / "turnrl"), "train", *([str(config)] if config else []),
+           *[a for o in overrides for a in ("--set", o)]]
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=(out / "run.log").open("w"), stderr=subprocess.STDOUT)
     deadline = time.time() + 900
@@ -427,6 +431,8 @@ def main() -> int:
     p.add_argument("--engines", type=int, default=1, help="rollout.engine.count of the run (an engine fault: 2)")
     p.add_argument("--replay", choices=("inproc", "redis"), default="inproc",
                    help="replay.type (redis: embedded, a redis fault needs it)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a run config whose policy and world to serve (configs/smollm2_search_qa.yaml); default: the tiny agent")
     p.add_argument("--out", type=Path, default=Path("runs/live_load"))
     p.add_argument("--quick", action="store_true", help="levels 1,4 of 8 s, no soak, 30 s fault phases (the tests)")
     args = p.parse_args()
@@ -441,13 +447,16 @@ def main() -> int:
         p.error(f"--fault takes {', '.join(FAULTS)}; an engine fault needs --engines 2 or more, a redis "
                 "fault --replay redis")
     use_offline_env()  # the run's processes inherit it
-    build_policy()  # cached; the run finds it
+    if args.config is None:
+        build_policy()  # cached; the run finds it
     from cluster.config import load_config
     from envs.registry import make_task_source
 
-    tasks = make_task_source(load_config(None, POLICY_OVERRIDES).env).tasks("train")
+    world = load_config(str(args.config), []) if args.config else load_config(None, POLICY_OVERRIDES)
+    tasks = make_task_source(world.env).tasks("train")
     out = args.out.resolve()
-    proc, run_dir, base = start_run(out, run_overrides(out, args.feedback_timeout, args.engines, args.replay))
+    overrides = run_overrides(out, args.feedback_timeout, args.engines, args.replay, args.config)
+    proc, run_dir, base = start_run(out, overrides, args.config)
     print(f"run serving at {base} (load {os.getloadavg()[0]:.2f})", flush=True)
     rss = Rss(run_dir, proc.pid)
     answered: Counter = Counter()
