@@ -484,8 +484,7 @@ def main() -> int:
             answered.update(tally.answered)
             client_200 += tally.http_200
         time.sleep(args.feedback_timeout + 5)  # sessions left without feedback close on their own
-        gateway_200 = sum(v for (name, labels), v in scrape(base).items()
-                          if name == "turnrl_gateway_requests_total" and dict(labels) == {"route": CHAT_ROUTE, "status": "200"})
+        gateway_200 = metric(scrape(base), "turnrl_gateway_requests_total", route=CHAT_ROUTE, status="200")
     finally:
         rss.stop()
         rc = stop_run(proc)
