@@ -103,6 +103,10 @@ def test_a_client_that_stops_reading_does_not_hold_the_engine(served) -> None:
         while served.gateway.stats()["episodes"]["client_stalled"] == 0:
             assert time.monotonic() < deadline, "the stalled stream was never ended"
             time.sleep(0.2)
+        # the abort lands at the engine's next decoding step, after the stall was counted
+        while engine.stats()["aborted"] == aborted or engine.stats()["open_requests"]:
+            assert time.monotonic() < deadline, f"the stalled request still runs: {engine.stats()}"
+            time.sleep(0.1)
         assert engine.stats()["aborted"] == aborted + 1  # its engine request was aborted, the row freed
     finally:
         sock.close()
