@@ -63,7 +63,9 @@ class StepResult:
     answer: str | None = None
     """The final answer, when this step ended the episode with one."""
     info: dict[str, Any] = field(default_factory=dict)
-    """Extra facts for rewards and metrics (e.g. ``label`` for PRM training)."""
+    """Extra facts for rewards and metrics (e.g. ``label`` for PRM training; on the last step,
+    ``env_metrics``: the environment's own named scores of the episode, kept in the trajectory's
+    ``metadata`` and averaged by ``turnrl eval``)."""
 
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")

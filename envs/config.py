@@ -458,6 +458,42 @@ class CustomEnvConfig(BaseModel):
     """Keyword arguments of ``source``."""
 
 
+class VerifiersConfig(BaseModel):
+    """A verifiers environment (its classic API: ``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``
+    ...), loaded by its own ``load_environment`` and played turn by turn (``docs/envs.md``)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["verifiers"] = "verifiers"
+    """Selects this environment."""
+    id: str = Field(pattern=r"^([\w.-]+/)?[A-Za-z_][\w.-]*$")
+    """The environment's id as ``verifiers.load_environment`` takes it: an importable module
+    (``my_env``, ``pkg.my_env``, or ``owner/my-env`` for the installed module ``my_env``) whose
+    ``load_environment(**args)`` returns the environment. Over the run service, only one of the
+    operator's ``admission.verifiers_envs``."""
+    args: dict[str, Any] = {}
+    """Keyword arguments of its ``load_environment``."""
+    num_train_tasks: int | None = Field(default=None, ge=1)
+    """Train tasks: the first this many rows of its dataset (None: every row)."""
+    num_heldout_tasks: int | None = Field(default=100, ge=0)
+    """Held-out tasks: the first this many rows of its ``eval_dataset`` (or of the rows set
+    aside from its dataset when it has none); None: all of them."""
+    heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """With no ``eval_dataset``: the share of its dataset's rows set aside (shuffled with
+    ``seed``) as held-out tasks; a train row whose prompt is a held-out one's is dropped."""
+    seed: int = 0
+    """Seed of that split."""
+    max_turns: int = Field(default=8, ge=1, le=400)
+    """Assistant turns of an environment that sets no limit of its own (its ``max_turns`` <= 0);
+    one that sets a limit keeps it."""
+    step_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """Seconds the environment may take to answer a turn (its ``env_response``, its tools) or to
+    score the episode; past it the episode fails with that cause."""
+    success_at: float | None = None
+    """An episode whose rubric reward is at least this counts as a success; None: the
+    environment's own ``pass_threshold``."""
+
+
 class McpTasksConfig(BaseModel):
     """Prompts answered with the tools of MCP servers, checked on the final answer and/or the
     tool-call trace (``docs/envs.md``, "Tools from MCP servers")."""
@@ -488,6 +524,6 @@ class McpTasksConfig(BaseModel):
 
 
 EnvConfig = Annotated[SearchQAConfig | ToolUseConfig | HouseholdConfig | BfclConfig | ReasoningGymConfig | McpTasksConfig
-                     | OpenEnvConfig | CustomEnvConfig,
+                     | OpenEnvConfig | VerifiersConfig | CustomEnvConfig,
                       Field(discriminator="type")]
 """Any environment's config, chosen by its ``type`` field."""

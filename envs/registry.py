@@ -30,6 +30,7 @@ ENVS: dict[str, str] = {
     "reasoning_gym": "envs.reasoning_gym.source:ReasoningGymTaskSource",
     "mcp_tasks": "envs.mcp.tasks:McpTasksSource",
     "openenv": "envs.openenv.source:OpenEnvSource",
+    "verifiers": "envs.verifiers.source:VerifiersSource",
     "custom": "envs.registry:build_custom",
 }
 """Config ``type`` -> the factory that builds its source from the config, as an import path (so

@@ -111,6 +111,8 @@ async def _play(engine: EngineClient, env: Environment, traj: Trajectory, anchor
         traj.turns.append(turn)
         if step.done:
             traj.answer = step.answer
+            if "env_metrics" in step.info:  # the environment's own scores of the episode (a rubric's)
+                traj.metadata = {**traj.metadata, "env_metrics": step.info["env_metrics"]}
             traj.finish_reason = "answer" if step.answer is not None else "max_turns"
             return
         turn.observation_ids = chat.observation_ids(tok, step.observation.messages, comp.finish_reason == "stop",

@@ -171,8 +171,8 @@ class RolloutWorker:
         turns, each sample's success, and the environment's own metrics averaged."""
         group = await self.run_group(task, samples, params, count=False)
         per_episode = [
-            self.source.episode_metrics(task, t.answer, [c for turn in t.turns for c in turn.tool_calls],
-                                        t.labels or [])
+            {**self.source.episode_metrics(task, t.answer, [c for turn in t.turns for c in turn.tool_calls],
+                                           t.labels or []), **t.metadata.get("env_metrics", {})}
             for t in group.trajectories
         ]
         metrics: dict[str, float] = {}

@@ -65,7 +65,8 @@ KINDS = {
              "runtime reads URLs) a URL under admission.storage_urls",
     "data": "a file read: an existing path under admission.data_roots",
     "write": "a directory written: a relative path, placed inside the run's own directory",
-    "callable": "code: one of the operator's (admission.judge_functions, admission.env_sources)",
+    "callable": "code: one of the operator's (admission.judge_functions, admission.env_sources, "
+                "admission.verifiers_envs)",
     "executable": "a program: admission's, never a submitted one",
     "redis_url": "a host: 'embedded' or one of admission.redis_servers",
     "redis_password": "an environment variable: the matched admission.redis_servers entry's",
@@ -114,6 +115,8 @@ RULES: dict[str, Rule] = {
     "JudgeConfig.function": Rule("callable", allowlist="judge_functions"),
     "CustomEnvConfig.source": Rule("callable", allowlist="env_sources"),
     "CustomEnvConfig.args": Rule("inert", "keyword arguments of an operator's environment source"),
+    "VerifiersConfig.id": Rule("callable", allowlist="verifiers_envs"),
+    "VerifiersConfig.args": Rule("inert", "keyword arguments of an operator's verifiers environment's loader"),
     "JudgeConfig.rubric": Rule("inert", "prompt text"),
     "RewardsConfig.weights": Rule("inert", "source name -> float"),
     "ReplayConfig.url": Rule("redis_url"),
@@ -405,7 +408,8 @@ class _Walk:
     def _callable(self, loc: tuple[str, ...], rule: Rule, value: str, holder: BaseModel) -> None:
         allowed = getattr(self.adm.adm, rule.allowlist)
         if value not in allowed:
-            what = "judge functions" if rule.allowlist == "judge_functions" else "environment sources"
+            what = {"judge_functions": "judge functions", "verifiers_envs": "verifiers environments"}.get(
+                rule.allowlist, "environment sources")
             self.refuse(loc, f"{value!r} is not allowed: allowed {what} are {allowed} "
                              f"(admission.{rule.allowlist})", "callable")
 

@@ -181,6 +181,10 @@ class AdmissionConfig(BaseModel):
     """``package.module:name`` environment sources a run's ``env.source`` (``env.type: custom``)
     may name. Each runs as the service's user in the run's actors: list only code you wrote or
     trust. Empty (the default): no custom environments."""
+    verifiers_envs: list[str] = []
+    """verifiers environment ids a run's ``env.id`` (``env.type: verifiers``) may name. Each
+    module's ``load_environment`` and its rollouts run as the service's user in the run's
+    actors: list only environments you installed and trust. Empty (the default): none."""
     mcp_servers: list[McpServerConfig] = []
     """MCP servers a run's ``env.mcp`` may name (by ``name`` alone): the command, arguments,
     environment or URL and ``stateful`` are these entries', never the submitter's (who may narrow

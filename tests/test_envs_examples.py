@@ -26,14 +26,18 @@ pytestmark = pytest.mark.slow  # starts MCP and OpenEnv servers beside a tiny en
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "envs").glob("*.yaml"))
 RUN_CONFIGS = [p for p in EXAMPLES if p.name != "time_tasks.yaml"]
-NEEDS = {"reasoning_gym": "reasoning_gym", "mcp_tasks": "mcp_server_time", "openenv": "openenv.core"}
+NEEDS = {"reasoning_gym": "reasoning_gym", "mcp_tasks": "mcp_server_time", "openenv": "openenv.core",
+         "verifiers": "verifiers"}
+NO_DEMOS = ("openenv", "verifiers")
 
 
 def test_docs_show_every_example() -> None:
-    assert [p.name for p in RUN_CONFIGS] == ["custom.yaml", "mcp_tasks.yaml", "openenv.yaml", "reasoning_gym.yaml"]
+    assert [p.name for p in RUN_CONFIGS] == ["custom.yaml", "mcp_tasks.yaml", "openenv.yaml", "reasoning_gym.yaml",
+                                           "verifiers.yaml"]
     page = (ROOT / "docs" / "envs.md").read_text()
     assert all(f"examples/envs/{p.name}" in page for p in EXAMPLES)
-    assert "```python\n" + (ROOT / "examples" / "envs" / "sums.py").read_text() + "```" in page  # shown in full
+    for shown in ("sums.py", "vf_sums.py"):  # shown in full
+        assert "```python\n" + (ROOT / "examples" / "envs" / shown).read_text() + "```" in page
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=[p.stem for p in RUN_CONFIGS])
@@ -52,7 +56,7 @@ def test_an_example_plays_and_scores_through_a_rollout_worker(tiny_policy, path:
     task = source.tasks("train")[0]
     try:
         group = asyncio.run(worker.run_group(task, 2, SamplingParams(temperature=1.0, max_new_tokens=24)))
-        demo = None if env.type == "openenv" else source.demonstration(task)
+        demo = None if env.type in NO_DEMOS else source.demonstration(task)
     finally:
         for closable in (getattr(source, "mcp", None), getattr(source, "server", None)):
             if closable is not None:

@@ -53,7 +53,7 @@ def service_config(tmp: Path, roots: Path, **extra: Any) -> ServiceConfig:
                  "storage_urls": [STORE_OK],
                  "redis_servers": [{"url": REDIS_OK, "password_env": "REPLAY_REDIS_PASSWORD"}],
                  "redis_server_binary": "/opt/redis/bin/redis-server",
-                 "env_sources": ["examples.envs.sums:SumSource"],
+                 "env_sources": ["examples.envs.sums:SumSource"], "verifiers_envs": ["examples.envs.vf_sums"],
                  "mcp_servers": [{"name": "time", "command": "/opt/mcp/python", "args": ["-m", "mcp_server_time"]}],
                  **extra.pop("admission", {})}
     return ray_down(tmp / "state", jobs={"working_dir": str(roots)}, admission=admission,
@@ -119,6 +119,14 @@ def test_a_custom_environment_is_one_of_the_operators_sources(service: Service) 
                                      "['examples.envs.sums:SumSource'] (admission.env_sources)"}
     cfg = admitted(service, {"env": {"type": "custom", "source": "examples.envs.sums:SumSource", "args": {"seed": 3}}})
     assert cfg["env"] == {"type": "custom", "source": "examples.envs.sums:SumSource", "args": {"seed": 3}}
+
+
+def test_a_verifiers_environment_is_one_of_the_operators(service: Service) -> None:
+    errors = refused(service, {"env": {"type": "verifiers", "id": "os", "args": {"command": "id"}}})
+    assert errors == {"env.id": "'os' is not allowed: allowed verifiers environments are "
+                                "['examples.envs.vf_sums'] (admission.verifiers_envs)"}
+    cfg = admitted(service, {"env": {"type": "verifiers", "id": "examples.envs.vf_sums", "args": {"num_examples": 40}}})
+    assert cfg["env"]["id"] == "examples.envs.vf_sums" and cfg["env"]["args"] == {"num_examples": 40}
 
 
 def test_an_allowed_judge_function_is_admitted(service: Service) -> None:
