@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/tenants.py [--quick] [--model tiny|smollm2] [--tenants 1,4,8]
                                       [--control 4] [--pool-engines 1] [--seconds 90] [--warm-steps 2] [--rank 16]
-                                      [--repeats 5] [--parts 1,2] [--engine-cores 0] [--out DIR]
+                                      [--repeats 5] [--parts 1,2,3] [--engine-cores 0] [--out DIR]
 
 The bench starts a Ray cluster of its own (the run service's local head, in a temporary
 directory) and
@@ -32,6 +32,8 @@ engines' share of contended cores changing with their count.
    store, ``EngineServer.load``, as a run's weight sync hands it over), end to end, best and
    median of ``--repeats``: idle, and while the largest count of runs trains on the pool (goal
    <= 50 ms).
+3. **Fused step** (``--parts 3``, ``pool_fused.py``): the pool learner's step of 4 tenants' LoRA
+   adapters through one base pass against their 4 steps one after another (goal >= 1.3x).
 """
 
 from __future__ import annotations
@@ -355,6 +357,15 @@ def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
     return pool, ray.get(pool.start.remote())["engines"]
 
 
+def fused_step(args: argparse.Namespace) -> None:
+    """Part 3: ``pool_fused.py``'s fused step of 4 tenants against their 4 steps one by one."""
+    import pool_fused
+
+    model, pad_id = pool_fused.load_model(args.model)
+    shape = dict(tenants=2, rows=2, width=32, threads=1) if args.quick else dict(tenants=4, rows=8, width=256, threads=0)
+    pool_fused.report(argparse.Namespace(rank=args.rank, repeats=args.repeats, **shape), model, pad_id)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tenants 1,2; 30 s windows; 3 repeats")
@@ -367,7 +378,8 @@ def main() -> None:
     p.add_argument("--warm-steps", type=int, default=2, help="steps every run trains before a window opens")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--parts", default="1,2", help="which parts to run (2 alone: the publish latency)")
+    p.add_argument("--parts", default="1,2,3", help="which parts to run (2 alone: the publish latency; 3 alone: "
+                   "the fused step, without Ray)")
     p.add_argument("--engine-cores", default="", help="cores for every engine, the rest for everything else "
                    "(e.g. 0; default: all share every core)")
     p.add_argument("--out", default=None, help="where the runs' folders and logs go (default: a temp dir)")
@@ -378,6 +390,10 @@ def main() -> None:
         args.tenants, args.control, args.seconds, args.repeats = [1, 2], [2], 30.0, 3
     parts = {int(n) for n in args.parts.split(",")}
     args.engine_cores = split_cores(args.engine_cores)
+    if 3 in parts:  # no Ray: one process, the pool learner's core
+        fused_step(args)
+    if not parts & {1, 2}:
+        return
     import ray
 
     from cluster.actors import job_env

@@ -55,7 +55,8 @@ QUICKER = {"engines": ["--updates-on", "hf"]}
                                             ("learner", "ratio learner/plain"),
                                             ("sft", "shared prefix + cuts"),
                                             ("stream_parse", "incremental / re-scan time (worst format)"),
-                                            ("adapters", "time ratio")])
+                                            ("adapters", "time ratio"),
+                                            ("pool_fused", "vs one by one")])
 def test_quick_benchmark_runs(script: str, needle: str) -> None:
     if script == "replay" and not HAVE_REDIS:
         pytest.skip("redis-server not installed")
@@ -224,41 +225,37 @@ def test_learner_memory_quick_compares_the_chunked_head_with_whole_logits() -> N
     assert "peak chunked/whole" in proc.stdout
 
 
-@pytest.mark.slow
-def test_live_load_quick_accounts_for_every_answered_session(tmp_path) -> None:
-    # bench/live_load.py: a real run trained on live traffic, driven by AsyncOpenAI sessions at
-    # 1 and 4 at once; every answered session is in the run's record with its fate
+@pytest.fixture(scope="module")
+def live_load(tmp_path_factory) -> dict:
+    """One run of bench/live_load.py --quick (a real run trained on live traffic only, two
+    engines, Redis replay) driven by AsyncOpenAI sessions at 1 and 4 at once, then serving 4
+    while engine 0, the learner and redis-server are killed with -9 in turn: its report."""
     import json
 
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "live_load.py"), "--quick", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if not HAVE_REDIS:
+        pytest.skip("redis-server not installed")
+    out = tmp_path_factory.mktemp("live_load")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "live_load.py"), "--quick", "--engines", "2",
+                           "--replay", "redis", "--fault", "engine,learner,redis", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "live_load.json").read_text())
-    books = report["accounting"]
-    assert [r["sessions"] for r in report["levels"]] == [1, 4]
-    assert all(r["requests_ok"] > 0 and not r["errors"] for r in report["levels"]), report["levels"]
+    return json.loads((out / "live_load.json").read_text())
+
+
+@pytest.mark.slow
+def test_live_load_quick_accounts_for_every_answered_session(live_load) -> None:
+    # every session answered, at each level and through each fault, is in the run's record with its fate
+    books = live_load["accounting"]
+    assert [r["sessions"] for r in live_load["levels"][:2]] == [1, 4]
+    assert all(r["requests_ok"] > 0 and not r["errors"] for r in live_load["levels"][:2]), live_load["levels"]
     assert books["lost_n"] == 0 and books["turns_differ_n"] == 0 and books["client_200"] == books["gateway_200"] > 0
     assert books["recorded"] >= 1 and books["recorded"] + sum(books["counted"].values()) == books["segments"]
     assert books["steps"] >= 1 and books["run_exit"] == 130
 
 
 @pytest.fixture(scope="module")
-def faults_under_load(tmp_path_factory) -> dict:
-    """One run of bench/live_load.py with two engines and Redis replay, serving 4 concurrent
-    agent sessions while engine 0, then the learner, then redis-server are killed with -9."""
-    import json
-
-    if not HAVE_REDIS:
-        pytest.skip("redis-server not installed")
-    out = tmp_path_factory.mktemp("faults")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "live_load.py"), "--quick", "--levels", "",
-                           "--engines", "2", "--replay", "redis", "--fault", "engine,learner,redis", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((out / "live_load.json").read_text())
-    books = report["accounting"]  # every session answered, faults or not, is recorded or counted
-    assert books["lost_n"] == 0 and books["turns_differ_n"] == 0 and books["client_200"] == books["gateway_200"]
-    return {r["tag"].removeprefix("fault-"): r for r in report["levels"]}
+def faults_under_load(live_load) -> dict:
+    return {r["tag"].removeprefix("fault-"): r for r in live_load["levels"] if r["tag"].startswith("fault-")}
 
 
 @pytest.mark.slow
