@@ -49,7 +49,8 @@ def head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Te
                   entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``hidden`` [N, H] through ``head``: (log-probs [N, K] of ``targets`` [N, K] at each
     position, entropy [N] or None), ``LOGIT_CHUNK`` positions at a time."""
-    logps, ents = [], []
+    logps = [hidden.new_zeros(0, targets.size(1), dtype=torch.float32)]  # rows whose suffix is all prefix: none
+    ents = [hidden.new_zeros(0, dtype=torch.float32)]
     for lo in range(0, hidden.size(0), LOGIT_CHUNK):
         args = (hidden[lo:lo + LOGIT_CHUNK], head.weight, head.bias, targets[lo:lo + LOGIT_CHUNK], temperature, entropy)
         if torch.is_grad_enabled():  # backward recomputes the chunk's logits instead of keeping them
@@ -85,7 +86,7 @@ def next_token_logprobs(model: Any, ids: torch.Tensor, mask: torch.Tensor, share
     hidden = fwd.suffix[:, :-1]  # the last position has no next token
     lp, ent = head_logprobs(hidden.reshape(-1, hidden.size(-1)), head, ids[:, shared + 1:].reshape(-1, 1),
                             temperature, entropy)
-    logp, ents = [lp.view(rows, -1)], [ent.view(rows, -1)] if entropy else []
+    logp, ents = [lp.view(rows, hidden.size(1))], [ent.view(rows, hidden.size(1))] if entropy else []
     if fwd.prefix is not None:  # one row's positions, every row's next token
         plp, pent = head_logprobs(fwd.prefix[0], head, ids[:, 1:shared + 1].T, temperature, entropy)
         logp.insert(0, plp.T)

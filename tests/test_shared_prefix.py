@@ -88,6 +88,21 @@ def test_logprobs_entropy_and_gradients_match_the_padded_batch(model, temperatur
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_identical_rows_share_all_but_their_last_token(model) -> None:
+    # A group whose samples came out the same (a collapsed policy's): the prefix is every
+    # token but the last, the suffix pass has no next token of its own to score
+    rows = _rows(30, [30, 30])
+    rows[1] = list(rows[0])
+    ids, mask = pad_rows(rows, PAD)
+    assert shared_length(ids, mask) == 29
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    plain = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    fast, ent = next_token_logprobs(model, ids, mask, 29, 1.0, entropy=True)
+    assert fast.shape == ent.shape == (2, 29) and torch.allclose(fast, plain, atol=1e-5)
+    grads = _grads(model, fast.sum())
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 def test_a_model_whose_logits_are_more_than_its_head_takes_the_whole_logits(model, monkeypatch) -> None:
     # Only model types whose logits are the head's output run the head in chunks; others
     # (soft-capped or scaled logits) get the same values through the model's own logits.
