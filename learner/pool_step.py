@@ -95,9 +95,16 @@ def fused_steps(table: SlotTable, steps: Sequence[TenantStep], pad_id: int) -> d
     by_temp: dict[float, list[TenantStep]] = {}
     for s in steps:
         by_temp.setdefault(s.temperature, []).append(s)
+    sums: dict[str, dict[str, float]] = {s.slot: {} for s in steps}
     for group in by_temp.values():
         queues = [s.micro_batches() for s in group]
         for k in range(max(len(q) for q in queues)):
             live = [(s, q[k]) for s, q in zip(group, queues) if k < len(q)]
-            fused_pass(table, [s for s, _ in live], [mb for _, mb in live], pad_id)
-    return {s.slot: table.slots[s.slot].take_step() for s in steps}
+            metrics = fused_pass(table, [s for s, _ in live], [mb for _, mb in live], pad_id)
+            for s, mb in live:  # each micro-batch's metrics weighed as its loss is
+                for key, value in metrics[s.slot].items():
+                    sums[s.slot][f"loss/{key}"] = sums[s.slot].get(f"loss/{key}", 0.0) + value * s.share(mb)
+    took = {s.slot: table.slots[s.slot].take_step() for s in steps}
+    for s in steps:
+        table.slots[s.slot].metrics.update(sums[s.slot])
+    return took

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.advantages.assemble import batch_advantages, join_live
-from learner.advantages.batch import AdvantageResult, constrained_turns, turn_batch_from_trajectories
-from learner.advantages.live import Moments, running_baseline
+from learner.advantages.assemble import BatchAdvantages
+from learner.advantages.live import Moments
 from learner.checkpoints import checkpoint_tag, load_log_z, resume_state, save_local, upload_checkpoint, write_state
 from learner.batching import TokenBatch, build_token_batch, by_length, rank_micro_batches
 from learner.config import LearnerConfig
@@ -70,8 +69,6 @@ class LearnerWorker:
 
         torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.ports, self.temperature = cfg, ports, temperature
-        self.reward_weights = rewards.trained_weights() if rewards is not None else None
-        self.on_missing = rewards.on_missing if rewards is not None else "mask_turn"
         self.rank, self.world = (dist.rank, dist.world_size) if dist else (0, 1)
         self.device = resolve_device(cfg)
         self.run_dir = Path(run_dir)
@@ -96,9 +93,11 @@ class LearnerWorker:
         """Live groups (sessions, one trajectory each) in every claimed batch; the rest are
         scheduled groups of ``group_size``."""
         self.rows = (cfg.batch_groups - live_groups) * group_size + live_groups
-        self.live_state: dict[str, Moments] = {
-            src: Moments(*m) for src, m in (state or {}).get("live_baseline", {}).items()}
-        """Running baselines of the live estimator, per reward source (checkpointed)."""
+        self.advantages = BatchAdvantages(
+            cfg.estimator, cfg.live_baseline, cfg.loss, rewards.trained_weights() if rewards is not None else None,
+            rewards.on_missing if rewards is not None else "mask_turn",
+            {src: Moments(*m) for src, m in (state or {}).get("live_baseline", {}).items()})
+        """The batch's advantages; its running live baselines per reward source are checkpointed."""
         self._interrupted = threading.Event()
         self.micro_batches = math.ceil(self.rows / cfg.micro_batch_size)
         self.ds_engine = init_engine(model, cfg, self.micro_batches, self.device, dist)
@@ -249,28 +248,6 @@ class LearnerWorker:
         if self.rank == 0:
             self.ports.settle()
 
-    def _all_advantages(self, trajs: list[Trajectory]
-                        ) -> tuple[list[Trajectory], AdvantageResult, np.ndarray]:
-        """Scheduled groups through ``estimator`` (``learner.advantages.assemble``), live
-        sessions through the running baseline (``live_baseline``); returns the trajectories
-        reordered (scheduled first) to match."""
-        sched = [t for t in trajs if t.live is None]
-        live = [t for t in trajs if t.live is not None]
-        parts = [batch_advantages(sched, self.cfg.estimator, self.reward_weights, self.on_missing)] if sched else []
-        if live:
-            parts.append(self._live_advantages(live))
-        if len(parts) == 1:
-            return sched + live, *parts[0]
-        return sched + live, *join_live(*parts, self.cfg.loss)
-
-    def _live_advantages(self, live: list[Trajectory]) -> tuple[AdvantageResult, np.ndarray]:
-        batch = turn_batch_from_trajectories(live)
-        res, self.live_state = running_baseline(batch, self.cfg.live_baseline, self.live_state,
-                                                self.reward_weights)
-        if self.cfg.live_baseline.train_constrained:
-            return res, res.mask
-        return res, res.mask & ~constrained_turns(live)
-
     def _update(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Advantages, then ``ppo_epochs`` x ``mini_batches`` optimizer steps on the batch.
 
@@ -279,7 +256,7 @@ class LearnerWorker:
         mini-batch the single step is on-policy: the old log-probs are the current ones,
         detached, without a second forward pass (today's behaviour, exactly)."""
         t0 = time.perf_counter()
-        trajs, res, mask = self._all_advantages(trajs)
+        trajs, res, mask = self.advantages(trajs)
         tb = build_token_batch(trajs, res.advantages, mask, self.tokenizer.pad_token_id,
                                res.clip_low, res.clip_high)
         t1 = time.perf_counter()
@@ -460,7 +437,7 @@ class LearnerWorker:
             return str(path)
         write_state(self.run_dir, self.store, {
             "step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
-            "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.live_state.items()}})
+            "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.advantages.state.items()}})
         self.ports.commit(self.version)  # only now is this version's update durable
         return f"{self.store.url}/checkpoints/{tag}" if self.store is not None else str(path)
 

@@ -1,4 +1,4 @@
-"""The pool learner's core (learner.adapter_slots, learner.pool_step) on a tiny real Llama: a
+"""The pool learner (learner.adapter_slots, learner.pool_step, learner.pool) on a tiny real Llama: a
 slot trains as a peft LoRA adapter with AdamW does; several tenants' micro-batches fused through
 one base pass leave every tenant's adapter and optimizer state equal to training it alone on the
 same batches (fp32, to 1e-5); a non-finite gradient skips its own tenant's step only; rows
@@ -177,3 +177,114 @@ def test_slots_attach_detach_and_round_trip_their_state(base) -> None:
     assert fresh.step == 0 and all(float(t.abs().max()) == 0 for k, t in fresh.adapter_state().items() if "lora_B" in k)
     fresh.load_state_dict(saved)
     assert fresh.step == 1 and all(torch.equal(t, saved["adapter"][k]) for k, t in fresh.adapter_state().items())
+
+
+# -- the pool learner host: tenants against learners of their own ---------------------------
+def _groups(seed: int, n: int = 2, size: int = 2) -> list:
+    """``n`` groups of ``size`` one- or two-turn rollouts of random tokens and outcomes."""
+    from rollout.trajectory import Group, Trajectory, Turn
+
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda k: torch.randint(5, 200, (k,), generator=gen).tolist()  # noqa: E731
+    groups = []
+    for g in range(n):
+        trajs = []
+        for r in range(size):
+            turns = [Turn(action_ids=rand(4 + t), action_logprobs=[-1.5] * (4 + t), policy_version=0,
+                          observation_ids=rand(3) if t == 0 else []) for t in range(1 + (r + g) % 2)]
+            trajs.append(Trajectory(trajectory_id=f"{seed}-{g}-{r}", task_id=f"t{seed}-{g}", group_id=f"{seed}-g{g}",
+                                    prompt_ids=[5, 6, 7, 8 + g], turns=turns, outcome=float(torch.rand(1, generator=gen))))
+        groups.append(Group(group_id=f"{seed}-g{g}", task_id=f"t{seed}-{g}", trajectories=trajs))
+    return groups
+
+
+POOL_TENANTS = {  # name: (learner settings, rollout temperature, data seed)
+    "alpha": ({"lr": 2e-2, "lora": {"rank": 4, "alpha": 16.0}}, 1.0, 10),
+    "beta": ({"lr": 5e-3, "lora": {"rank": 2, "alpha": 4.0}, "loss": {"type": "ppo", "agg": "token-mean"},
+              "estimator": {"type": "grpo", "scale_by_std": False}}, 1.0, 20),
+    "gamma": ({"lr": 1e-2, "lora": {"rank": 8, "alpha": 8.0}, "micro_batch_size": 1}, 0.7, 30),
+}
+
+
+def test_pool_tenants_train_as_learners_of_their_own(tiny_policy, tmp_path) -> None:
+    """Three tenants with their own data and settings on one pool learner, two fused rounds:
+    each adapter equals what a LoRA run's own DeepSpeed learner (``learner.worker``) trains
+    from the same start on the same batches; each publishes to its own ports."""
+    from learner.config import LearnerConfig
+    from learner.lora import adapter_state
+    from learner.pool import PoolLearner
+    from learner.ports import LocalLearnerPorts
+    from learner.worker import LearnerWorker
+    from replay.config import ReplayConfig
+    from replay.memory import InProcessReplayStore
+    from tests.dist_env import own_process_group
+
+    policy = tiny_policy[0]
+    pool = PoolLearner(policy, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                       coalesce_s=0.0)
+    own, ports = {}, {}
+    with own_process_group():
+        for name, (extra, temp, seed) in POOL_TENANTS.items():
+            cfg = LearnerConfig(batch_groups=2, zero_stage=0, **extra)
+            own[name] = LearnerWorker(cfg, policy, str(tmp_path / name), LocalLearnerPorts(
+                InProcessReplayStore(ReplayConfig(), 2)), group_size=2, temperature=temp)
+            start = adapter_state({k: v.detach() for k, v in own[name].ds_engine.module.state_dict().items()})
+            ports[name] = LocalLearnerPorts(InProcessReplayStore(ReplayConfig(), 2))
+            assert pool.attach(name, cfg, ports[name], temperature=temp, initial=start) == 0
+            assert ports[name].published[0] == 0
+        for k in range(2):
+            for name, (_, _, seed) in POOL_TENANTS.items():
+                for group in _groups(seed + k):
+                    ports[name].store.put(group)
+                own[name]._update([t for g in _groups(seed + k) for t in g.trajectories])
+            metrics = pool.train_round(wait_s=5.0)
+            assert sorted(metrics) == sorted(POOL_TENANTS) and all(m["pool/tenants_in_step"] == 3 for m in metrics.values())
+    for name, worker in own.items():
+        theirs = adapter_state({k: v.detach() for k, v in worker.ds_engine.module.state_dict().items()})
+        mine = pool.slot(name).adapter_state()
+        assert sorted(mine) == sorted(theirs)
+        assert all(float(mine[k].abs().max()) > 1e-4 for k in mine if k.endswith("lora_B.weight"))  # it trained
+        for key in mine:
+            torch.testing.assert_close(mine[key], theirs[key], atol=ATOL, rtol=0)
+        version, published = ports[name].published
+        assert version == 2 and all(torch.equal(published[k], mine[k]) for k in mine)
+        assert pool.tenants[name].step == 2 and ports[name].store.stats().claimed == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"lora": None}, "learner.lora: a run on a pool learner trains a LoRA adapter"),
+    ({"lora": {"target_modules": ["q_proj"]}}, r"learner.lora.target_modules \['q_proj'\] differ from the pool's"),
+    ({"loss": {"type": "trajectory_balance"}}, "the pool learner trains the ppo loss"),
+    ({"ppo_epochs": 2}, "the pool learner takes on-policy steps"),
+])
+def test_what_a_pool_learner_cannot_train_is_refused_naming_the_field(change: dict, message: str) -> None:
+    from learner.config import LearnerConfig
+    from learner.pool import check_tenant
+
+    cfg = LearnerConfig(**({"lora": {"rank": 4}} | change))
+    with pytest.raises(ValueError, match=message):
+        check_tenant(cfg, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+def test_a_flooding_tenant_never_keeps_another_out_and_a_freed_slot_is_reusable(tiny_policy) -> None:
+    from learner.config import LearnerConfig
+    from learner.pool import PoolLearner
+    from learner.ports import LocalLearnerPorts
+    from replay.config import ReplayConfig
+    from replay.memory import InProcessReplayStore
+
+    pool = PoolLearner(tiny_policy[0], ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                       coalesce_s=0.1)
+    cfg = LearnerConfig(batch_groups=1, lr=1e-2, lora={"rank": 2})
+    ports = {n: LocalLearnerPorts(InProcessReplayStore(ReplayConfig(eta=100), 1)) for n in ("flood", "slow")}
+    for name, p in ports.items():
+        pool.attach(name, cfg, p, temperature=1.0)
+    for group in _groups(1, n=6):
+        ports["flood"].store.put(group)
+    assert sorted(pool.train_round(wait_s=1.0)) == ["flood"]  # the slow one has nothing: not waited for past coalesce_s
+    ports["slow"].store.put(_groups(2, n=1)[0])
+    assert sorted(pool.train_round(wait_s=1.0)) == ["flood", "slow"]  # ready: trained in the very next round
+    assert (pool.tenants["flood"].step, pool.tenants["slow"].step) == (2, 1)
+    pool.detach("slow")  # a cancelled run's slot: free at once, and its name can attach again
+    assert "slow" not in pool.table.slots and sorted(pool.train_round(wait_s=1.0)) == ["flood"]
+    assert pool.attach("slow", cfg, ports["slow"], temperature=1.0) == 0 and pool.slot("slow").step == 0

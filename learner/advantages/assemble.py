@@ -2,8 +2,9 @@
 from the trajectories, failed scorers handled per ``on_missing``, the estimator run, and the
 turn mask the loss uses (every turn the estimator or a failure drops leaves it).
 
-Pure numpy over trajectories; the learner (``learner.worker``) calls ``batch_advantages``
-for scheduled groups and ``join_live`` to append its live sessions' advantages.
+Pure numpy over trajectories. ``BatchAdvantages`` is what a learner (``learner.worker``, a
+tenant of ``learner.pool``) calls on each claimed batch: ``batch_advantages`` for its scheduled
+groups, the running baseline for its live sessions (whose moments it keeps), ``join_live``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from learner.advantages.batch import AdvantageResult, turn_batch_from_trajectories
-from learner.advantages.config import EstimatorConfig
+from learner.advantages.batch import AdvantageResult, constrained_turns, turn_batch_from_trajectories
+from learner.advantages.config import EstimatorConfig, LiveBaselineConfig
+from learner.advantages.live import Moments, running_baseline
 from learner.advantages.registry import compute_advantages, read_sources
 
 if TYPE_CHECKING:  # rollout is upstream of learner; imported lazily to keep start-up light
@@ -75,3 +77,34 @@ def join_live(sched: tuple[AdvantageResult, np.ndarray], live: tuple[AdvantageRe
                  np.concatenate([a.clip_high, np.full(len(b.advantages), loss.clip_high)])]
     res = AdvantageResult(np.concatenate([a.advantages, b.advantages]), *clips)
     return res, np.concatenate([mask_a, mask_b])
+
+
+class BatchAdvantages:
+    """A learner's advantages of each claimed batch: scheduled groups through ``estimator``
+    (``batch_advantages``), live sessions through the running baseline ``live``, whose moments
+    per reward source it keeps in ``state`` (its learner checkpoints them)."""
+
+    def __init__(self, estimator: EstimatorConfig, live: LiveBaselineConfig, loss: Any,
+                 weights: dict[str, float] | None = None, on_missing: str = "mask_turn",
+                 state: dict[str, Moments] | None = None) -> None:
+        self.estimator, self.live, self.loss = estimator, live, loss
+        self.weights, self.on_missing = weights, on_missing
+        self.state: dict[str, Moments] = dict(state or {})
+
+    def __call__(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], AdvantageResult, np.ndarray]:
+        """Advantages and turn mask of ``trajs``, which come back reordered (scheduled groups
+        first, then live sessions) to match."""
+        sched = [t for t in trajs if t.live is None]
+        live = [t for t in trajs if t.live is not None]
+        parts = [batch_advantages(sched, self.estimator, self.weights, self.on_missing)] if sched else []
+        if live:
+            parts.append(self._live(live))
+        if len(parts) == 1:
+            return sched + live, *parts[0]
+        return sched + live, *join_live(*parts, self.loss)
+
+    def _live(self, live: list[Trajectory]) -> tuple[AdvantageResult, np.ndarray]:
+        res, self.state = running_baseline(turn_batch_from_trajectories(live), self.live, self.state, self.weights)
+        if self.live.train_constrained:
+            return res, res.mask
+        return res, res.mask & ~constrained_turns(live)
