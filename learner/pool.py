@@ -22,16 +22,20 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from learner.adapter_slots import AdapterSlot, SlotSettings, SlotTable
 from learner.advantages.assemble import BatchAdvantages
+from learner.advantages.live import Moments
 from learner.batching import build_token_batch
+from learner.checkpoints import checkpoint_tag, resume_state, write_state
 from learner.config import LearnerConfig
 from learner.pool_step import TenantStep, fused_steps
 from learner.ports import LearnerPorts
+from learner.run_files import keep_steps_through, log_trained
 from replay.base import Claim
 
 
@@ -44,6 +48,8 @@ class Tenant:
     ports: LearnerPorts
     advantages: BatchAdvantages
     temperature: float
+    run_dir: Path | None = None
+    """Where its checkpoints and trained-groups log go (None: nowhere, a bench or a test)."""
     version: int = 0
     step: int = 0
     last_round: int = -1
@@ -69,9 +75,13 @@ class PoolLearner:
         self.rounds = 0
 
     def attach(self, name: str, cfg: LearnerConfig, ports: LearnerPorts, *, temperature: float,
-               rewards: Any = None, initial: Mapping[str, torch.Tensor] | None = None, seed: int = 0) -> int:
-        """Give run ``name`` a slot (a fresh adapter, or ``initial``'s tensors), publish its
-        version 0 (engines serve a LoRA run only with its adapter loaded); returns it."""
+               rewards: Any = None, initial: Mapping[str, torch.Tensor] | None = None, seed: int = 0,
+               run_dir: str | Path | None = None, resume: bool = False) -> int:
+        """Give run ``name`` a slot: a fresh adapter, ``initial``'s tensors, or with ``resume``
+        its last checkpoint in ``run_dir`` (adapter, optimizer, step, version, live baselines;
+        its trained-groups log cut back to that step: later steps are trained again). Publishes
+        the slot's current version (engines serve a LoRA run only with its adapter loaded) and
+        returns it."""
         check_tenant(cfg, self.targets)
         lora = cfg.lora
         assert lora is not None
@@ -81,11 +91,18 @@ class PoolLearner:
             load_adapter(slot, initial)
         weights = rewards.trained_weights() if rewards is not None else None
         on_missing = rewards.on_missing if rewards is not None else "mask_turn"
+        state = resume_state(None, Path(run_dir)) if resume and run_dir is not None else None
+        live = {src: Moments(*m) for src, m in (state or {}).get("live_baseline", {}).items()}
         tenant = Tenant(name, cfg, ports, BatchAdvantages(cfg.estimator, cfg.live_baseline, cfg.loss, weights,
-                                                          on_missing), temperature)
+                                                          on_missing, live), temperature,
+                        Path(run_dir) if run_dir is not None else None)
+        if state is not None:
+            slot.load_state_dict(torch.load(Path(run_dir) / state["pool_slot"], weights_only=False))
+            tenant.step, tenant.version = state["step"], state["version"]
+            keep_steps_through(self._trained_log(tenant), tenant.step)
         self.tenants[name] = tenant
-        ports.publish(0, slot.adapter_state(), None)
-        return 0
+        ports.publish(tenant.version, slot.adapter_state(), None)
+        return tenant.version
 
     def detach(self, name: str) -> None:
         """Free run ``name``'s slot at once (its adapter and optimizer state go with it)."""
@@ -112,6 +129,9 @@ class PoolLearner:
             tenant, slot = self.tenants[name], self.table.slots[name]
             tenant.step, tenant.version, tenant.last_round = tenant.step + 1, tenant.version + 1, self.rounds
             tenant.ports.publish(tenant.version, slot.adapter_state(), (claim.claim_id, not tenant.cfg.checkpoint_every))
+            self._log_trained(tenant, claim)
+            if tenant.cfg.checkpoint_every and tenant.step % tenant.cfg.checkpoint_every == 0:
+                self.save_checkpoint(name)
             tenant.metrics = {**slot.metrics, "step": float(tenant.step), "version": float(tenant.version),
                               "skipped": float(not took[name]), "pool/tenants_in_step": float(len(claims)),
                               "time/update_s": elapsed, "tokens/trained": steps[name].batch.num_tokens}
@@ -143,6 +163,35 @@ class PoolLearner:
                     or (first is None and now >= deadline):
                 return claims
             time.sleep(0.02)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, name: str) -> Path:
+        """Tenant ``name``'s slot (adapter, optimizer, counters) under its run directory, then
+        ``state.json``, then the commit of its acknowledged groups in its replay: only now is
+        this version's update durable. Returns the checkpoint file."""
+        tenant = self.tenants[name]
+        if tenant.run_dir is None:
+            raise ValueError(f"tenant {name!r} attached without a run_dir: nowhere to checkpoint")
+        rel = Path("pool_checkpoint") / f"{checkpoint_tag(tenant.step)}.pt"
+        path = tenant.run_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.table.slots[name].state_dict(), tmp)
+        tmp.replace(path)
+        write_state(tenant.run_dir, None, {
+            "step": tenant.step, "version": tenant.version, "pool_slot": str(rel),
+            "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in tenant.advantages.state.items()}})
+        tenant.ports.commit(tenant.version)
+        return path
+
+    @staticmethod
+    def _trained_log(tenant: Tenant) -> Path:
+        assert tenant.run_dir is not None
+        return tenant.run_dir / "trained_groups.jsonl"
+
+    def _log_trained(self, tenant: Tenant, claim: Claim) -> None:
+        if tenant.run_dir is not None:
+            log_trained(self._trained_log(tenant), tenant.step, tenant.version, claim)
 
     # -- what the driver and tests read ----------------------------------------------------
     def stats(self) -> dict[str, Any]:

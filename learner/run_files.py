@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 def keep_steps_through(path: Path, step: int) -> int:
@@ -26,3 +27,13 @@ def keep_steps_through(path: Path, step: int) -> int:
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)
     return dropped
+
+
+def log_trained(path: Path, step: int, version: int, claim: Any) -> None:
+    """Append what a step trained (``claim``'s groups and trajectories, by id) to ``path``, the
+    run's ``trained_groups.jsonl``: exactly-once is checked on it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps({"step": step, "version": version, "claim_id": claim.claim_id,
+                             "group_ids": [g.group_id for g in claim.groups],
+                             "trajectory_ids": [t.trajectory_id for g in claim.groups for t in g.trajectories]}) + "\n")

@@ -21,7 +21,6 @@ Plain Python; the driver wraps it with ``ray.remote``. Stages of ``train_step`` 
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -40,7 +39,7 @@ from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, in
 from learner import lora
 from learner.losses import LossInputs, log_rewards, make_log_z, policy_loss
 from learner.ports import LearnerPorts, claim_batch
-from learner.run_files import keep_steps_through
+from learner.run_files import keep_steps_through, log_trained
 from learner.step_metrics import batch_metrics, signal_metrics
 from replay.base import Claim
 from replay.client import wait_claim
@@ -442,12 +441,7 @@ class LearnerWorker:
         return f"{self.store.url}/checkpoints/{tag}" if self.store is not None else str(path)
 
     def _log_trained(self, claim: Claim) -> None:
-        """What this step trained, by group and trajectory id (exactly-once is checked on it)."""
-        with self.trained_log.open("a") as fh:
-            fh.write(json.dumps({"step": self.step, "version": self.version, "claim_id": claim.claim_id,
-                                 "group_ids": [g.group_id for g in claim.groups],
-                                 "trajectory_ids": [t.trajectory_id for g in claim.groups for t in g.trajectories]})
-                     + "\n")
+        log_trained(self.trained_log, self.step, self.version, claim)
 
     def interrupt(self) -> None:
         """Make a ``train_step`` waiting for a batch give up now (it raises InterruptedError),

@@ -288,3 +288,37 @@ def test_a_flooding_tenant_never_keeps_another_out_and_a_freed_slot_is_reusable(
     pool.detach("slow")  # a cancelled run's slot: free at once, and its name can attach again
     assert "slow" not in pool.table.slots and sorted(pool.train_round(wait_s=1.0)) == ["flood"]
     assert pool.attach("slow", cfg, ports["slow"], temperature=1.0) == 0 and pool.slot("slow").step == 0
+
+
+def test_a_restarted_pool_learner_resumes_each_tenant_and_trains_nothing_twice(tiny_policy, tmp_path) -> None:
+    """Checkpoint every 2 steps; the learner dies after step 3 (trained, acknowledged, not
+    committed). A new one resumes the tenant from step 2 (adapter and optimizer as saved),
+    replay gives the third batch again, and the trained-groups log holds every group once."""
+    import json
+
+    from learner.config import LearnerConfig
+    from learner.pool import PoolLearner
+    from learner.ports import LocalLearnerPorts
+    from replay.config import ReplayConfig
+    from replay.memory import InProcessReplayStore
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = LearnerConfig(batch_groups=1, lr=1e-2, lora={"rank": 2}, checkpoint_every=2)
+    ports = LocalLearnerPorts(InProcessReplayStore(ReplayConfig(eta=100), 1))
+    first = PoolLearner(tiny_policy[0], targets, coalesce_s=0.0)
+    first.attach("run", cfg, ports, temperature=1.0, run_dir=tmp_path)
+    for group in _groups(5, n=3):
+        ports.store.put(group)
+    for _ in range(3):
+        assert sorted(first.train_round(wait_s=1.0)) == ["run"]
+    saved = torch.load(tmp_path / "pool_checkpoint" / "step_000002.pt", weights_only=False)
+    assert json.loads((tmp_path / "state.json").read_text())["step"] == 2 and saved["step"] == 2
+    ports.store.recover(2)  # as the driver does for a restarted learner: claims after the checkpoint come back
+    again = PoolLearner(tiny_policy[0], targets, coalesce_s=0.0)
+    assert again.attach("run", cfg, ports, temperature=1.0, run_dir=tmp_path, resume=True) == 2
+    slot = again.slot("run")
+    assert slot.step == 2 and all(torch.equal(t, saved["adapter"][k]) for k, t in slot.adapter_state().items())
+    assert again.train_round(wait_s=1.0)["run"]["step"] == 3.0
+    rows = [json.loads(line) for line in (tmp_path / "trained_groups.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sorted(g for r in rows for g in r["group_ids"]) == sorted(g.group_id for g in _groups(5, n=3))
