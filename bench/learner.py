@@ -117,7 +117,7 @@ def bench_update(model_path: str, trajs: list[Trajectory], cfg: LearnerConfig, r
     worker = LearnerWorker(cfg, model_path, tempfile.mkdtemp(), ports=None, group_size=group_size,
                            temperature=1.0)
     plain = PlainStep(model_path, cfg, worker.device)
-    trajs_sorted, res, mask = worker._all_advantages(trajs)
+    trajs_sorted, res, mask = worker.advantages(trajs)
     tb = build_token_batch(trajs_sorted, res.advantages, mask, worker.tokenizer.pad_token_id)
     learner_s, plain_s = [], []
     for i in range(repeats + 1):  # the first round warms both up and is not counted

@@ -47,7 +47,8 @@ BUDGETS: dict[str, tuple[str, float]] = {
         "BfclConfig.max_tasks_per_category", "MatchConfig.sinkhorn_iters", "TrajectoryBalanceConfig.max_tasks", "LiveConfig.max_sessions",
         "LiveConfig.max_kept_responses",
         "PRMTrainConfig.num_tasks", "PRMTrainConfig.heldout_tasks", "ReasoningGymConfig.num_train_tasks",
-        "ReasoningGymConfig.num_heldout_tasks", "OpenEnvConfig.num_train_tasks", "OpenEnvConfig.num_heldout_tasks")},
+        "ReasoningGymConfig.num_heldout_tasks", "OpenEnvConfig.num_train_tasks", "OpenEnvConfig.num_heldout_tasks",
+        "VerifiersConfig.num_train_tasks", "VerifiersConfig.num_heldout_tasks")},
     **{f: ("max_threads", 1) for f in (
         "RolloutConfig.torch_threads", "HFEngineConfig.torch_threads", "VLLMEngineConfig.torch_threads",
         "LearnerConfig.torch_threads", "ServiceConfig.torch_threads")},
@@ -79,7 +80,8 @@ _BOUNDED = "a small choice the schema bounds (le=...)"
 FREE: dict[str, str] = {
     **{f: "a random seed" for f in ("SFTConfig.seed", "SearchQAConfig.seed", "ToolUseConfig.seed",
                                      "HouseholdConfig.seed", "TrainConfig.seed", "PRMTrainConfig.seed",
-                                     "BfclConfig.split_seed", "ReasoningGymConfig.seed", "OpenEnvConfig.seed")},
+                                     "BfclConfig.split_seed", "ReasoningGymConfig.seed", "OpenEnvConfig.seed",
+                                     "VerifiersConfig.seed")},
     **{f: _RATE for f in (
         "SFTConfig.lr", "SFTConfig.context_loss_weight", "SFTConfig.guess_fraction", "RolloutConfig.temperature",
         "RolloutConfig.top_p", "OutcomeConfig.format_penalty", "OutcomeConfig.weight", "IGConfig.weight",
@@ -100,7 +102,8 @@ FREE: dict[str, str] = {
         "SearchQAConfig.hop_weights", "JudgeConfig.clip_bound", "JudgeConfig.clip_shift", "JudgeConfig.score_max",
         "JudgeConfig.score_min", "JudgeConfig.weight", "PRMConfig.clip_bound", "PRMConfig.clip_shift",
         "PRMConfig.weight", "PRMTrainConfig.bad_step_rate", "PRMTrainConfig.lr", "BfclConfig.heldout_fraction",
-        "LoRAConfig.alpha", "LoRAConfig.dropout", "ReasoningGymTask.weight", "OpenEnvConfig.success_at")},
+        "LoRAConfig.alpha", "LoRAConfig.dropout", "ReasoningGymTask.weight", "OpenEnvConfig.success_at",
+        "VerifiersConfig.heldout_fraction", "VerifiersConfig.success_at")},
     **{f: _BOUNDED for f in (
         "SearchQAConfig.num_entities", "SearchQAConfig.hops", "SearchQAConfig.top_k", "SearchQAConfig.max_turns",
         "SearchQAConfig.train_worlds", "SearchQAConfig.extra_turns", "ToolUseConfig.min_calls", "ToolUseConfig.max_calls",
@@ -110,7 +113,8 @@ FREE: dict[str, str] = {
         "BfclConfig.check_timeout_s", "BfclConfig.tool_memory_mb", "LoRAConfig.rank",
         "VLLMEngineConfig.max_lora_rank", "ReasoningGymConfig.max_turns", "ReasoningGymConfig.tool_timeout_s",
         "ReasoningGymConfig.tool_memory_mb", "McpTasksConfig.max_turns", "McpServerConfig.call_timeout_s",
-        "OpenEnvConfig.max_turns", "OpenEnvConfig.step_timeout_s", "OpenEnvServerConfig.start_timeout_s")},
+        "OpenEnvConfig.max_turns", "OpenEnvConfig.step_timeout_s", "OpenEnvServerConfig.start_timeout_s",
+        "VerifiersConfig.max_turns", "VerifiersConfig.step_timeout_s")},
     **{f: _COUNTED for f in (
         "RolloutConfig.num_workers", "RolloutConfig.num_cpus", "HFEngineConfig.count", "HFEngineConfig.num_cpus",
         "HFEngineConfig.num_gpus", "VLLMEngineConfig.count", "VLLMEngineConfig.num_cpus", "VLLMEngineConfig.num_gpus",

@@ -168,8 +168,8 @@ def test_live_sessions_with_higher_reward_gain_probability(tiny_policy, tmp_path
     assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1
     # the baseline now has history: the EMA (decay 0.9) of 1.0 then 0.0 is m1 = 0.9 * 0.1 =
     # 0.09, bias-corrected by 1 - 0.9^2 = 0.19: mean 9/19, saved with the next checkpoint
-    assert worker.live_state["outcome"].n == 2
-    assert worker.live_state["outcome"].mean_var(0.9)[0] == pytest.approx(9 / 19)
+    assert worker.advantages.state["outcome"].n == 2
+    assert worker.advantages.state["outcome"].mean_var(0.9)[0] == pytest.approx(9 / 19)
 
 
 def test_a_mixed_batch_gives_groups_their_estimator_and_sessions_the_running_baseline(tiny_policy, tmp_path) -> None:
@@ -182,11 +182,11 @@ def test_a_mixed_batch_gives_groups_their_estimator_and_sessions_the_running_bas
     session = Trajectory(trajectory_id="s", task_id="live", group_id="live-s", prompt_ids=[5, 6, 7],
                          turns=[Turn(action_ids=[40, 41], action_logprobs=[-1.0, -1.0], policy_version=0)],
                          outcome=1.0, live=LiveOrigin(session_id="s"))
-    ordered, res, mask = worker._all_advantages([session, *group])
+    ordered, res, mask = worker.advantages([session, *group])
     assert [t.trajectory_id for t in ordered] == ["00", "01", "s"]
     z = 0.5 / (0.5 ** 0.5 + 1e-6)
     assert res.advantages.tolist() == pytest.approx([-z] * 3 + [z] * 3 + [1.0])
-    assert mask.all() and worker.live_state["outcome"].n == 1
+    assert mask.all() and worker.advantages.state["outcome"].n == 1
 
 
 def _lone_rank(script: str, tmp_path) -> str:
@@ -245,8 +245,8 @@ def test_turns_a_grammar_constrained_stay_out_of_the_loss_unless_asked(tiny_poli
              Turn(action_ids=[42, 43], action_logprobs=[-0.5, 0.0], policy_version=0)]
     session = Trajectory(trajectory_id="s", task_id="live", group_id="live-s", prompt_ids=[5, 6, 7], turns=turns,
                          outcome=1.0, live=LiveOrigin(session_id="s", constrained={1: "tool_choice_required"}))
-    _, _, mask = worker._all_advantages([session])
+    _, _, mask = worker.advantages([session])
     assert mask.tolist() == [True, False]
-    worker.cfg.live_baseline = LiveBaselineConfig(train_constrained=True)
-    _, _, mask = worker._all_advantages([session])
+    worker.advantages.live = LiveBaselineConfig(train_constrained=True)
+    _, _, mask = worker.advantages([session])
     assert mask.tolist() == [True, True]
