@@ -84,11 +84,18 @@ class AdapterSlot:
         return {"adapter": self.adapter_state(), "optimizer": self.optimizer.state_dict(),
                 "step": self.step, "skipped": self.skipped}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_adapter(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Adapter tensors as engines load them (``adapter_state``'s names) into this slot."""
+        missing = sorted(m for m in self.layers if m + A_SUFFIX not in state or m + B_SUFFIX not in state)
+        if missing:
+            raise ValueError(f"adapter state lacks layers {missing[:3]}{'...' if len(missing) > 3 else ''}")
         with torch.no_grad():
             for module, (a, b) in self.layers.items():
-                a.copy_(state["adapter"][module + A_SUFFIX])
-                b.copy_(state["adapter"][module + B_SUFFIX])
+                a.copy_(state[module + A_SUFFIX])
+                b.copy_(state[module + B_SUFFIX])
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.load_adapter(state["adapter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.skipped = int(state["step"]), int(state["skipped"])
 
@@ -133,7 +140,8 @@ class SlotTable:
         layers = {}
         for module, linear in self.modules.items():
             a = torch.empty(settings.rank, linear.in_features)
-            _kaiming_uniform(a, gen)
+            with torch.no_grad():  # as peft and nn.Linear start A, from the slot's own generator
+                torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
             b = torch.zeros(linear.out_features, settings.rank)
             layers[module] = (torch.nn.Parameter(a.to(weight)), torch.nn.Parameter(b.to(weight)))
         params = [p for pair in layers.values() for p in pair]
@@ -172,12 +180,3 @@ class SlotTable:
                 out = out.index_add(0, rows, delta.to(out.dtype))
             return out
         return add_adapters
-
-
-def _kaiming_uniform(t: torch.Tensor, gen: torch.Generator) -> None:
-    """``nn.init.kaiming_uniform_(t, a=sqrt(5))`` (how peft and ``nn.Linear`` start ``A``) with
-    a generator of the slot's own."""
-    fan_in = t.size(1)
-    bound = math.sqrt(6.0 / ((1 + 5.0) * fan_in))
-    with torch.no_grad():
-        t.uniform_(-bound, bound, generator=gen)

@@ -10,6 +10,7 @@ observation and context-turn tokens keep attention but get mask 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -175,3 +176,12 @@ def build_token_batch(
         clip_high=per_tok["hi"][:, 1:] if has_clip else None,
         row_traj=torch.tensor(row_traj, dtype=torch.long),
     )
+
+
+def micro_share(loss: Any, mb: TokenBatch, rows: int, tokens: float) -> float:
+    """``mb``'s weight in its optimizer step of ``rows`` rows and ``tokens`` trained tokens: its
+    share of the tokens under PPO's token mean (one mean over every token of the step), else of
+    the rows (losses that average rows)."""
+    if loss.type == "ppo" and loss.agg == "token-mean":
+        return mb.num_tokens / max(tokens, 1.0)
+    return mb.input_ids.size(0) / rows

@@ -29,7 +29,6 @@ import torch
 
 from learner.adapter_slots import AdapterSlot, SlotSettings, SlotTable
 from learner.advantages.assemble import BatchAdvantages
-from learner.advantages.live import Moments
 from learner.batching import build_token_batch
 from learner.checkpoints import checkpoint_tag, resume_state, write_state
 from learner.config import LearnerConfig
@@ -88,13 +87,9 @@ class PoolLearner:
         slot = self.table.attach(name, SlotSettings(rank=lora.rank, alpha=lora.alpha, lr=cfg.lr,
                                                     weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, seed=seed))
         if initial is not None:
-            load_adapter(slot, initial)
-        weights = rewards.trained_weights() if rewards is not None else None
-        on_missing = rewards.on_missing if rewards is not None else "mask_turn"
+            slot.load_adapter(initial)
         state = resume_state(None, Path(run_dir)) if resume and run_dir is not None else None
-        live = {src: Moments(*m) for src, m in (state or {}).get("live_baseline", {}).items()}
-        tenant = Tenant(name, cfg, ports, BatchAdvantages(cfg.estimator, cfg.live_baseline, cfg.loss, weights,
-                                                          on_missing, live), temperature,
+        tenant = Tenant(name, cfg, ports, BatchAdvantages.of_run(cfg, rewards, state), temperature,
                         Path(run_dir) if run_dir is not None else None)
         if state is not None:
             slot.load_state_dict(torch.load(Path(run_dir) / state["pool_slot"], weights_only=False))
@@ -179,8 +174,7 @@ class PoolLearner:
         torch.save(self.table.slots[name].state_dict(), tmp)
         tmp.replace(path)
         write_state(tenant.run_dir, None, {
-            "step": tenant.step, "version": tenant.version, "pool_slot": str(rel),
-            "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in tenant.advantages.state.items()}})
+            "step": tenant.step, "version": tenant.version, "pool_slot": str(rel), **tenant.advantages.saved()})
         tenant.ports.commit(tenant.version)
         return path
 
@@ -214,16 +208,3 @@ def check_tenant(cfg: LearnerConfig, targets: list[str]) -> None:
                          "(one epoch, one mini-batch)")
     if cfg.loss.kl_coef > 0:
         raise ValueError("learner.loss.kl_coef: the pool learner has no KL term yet; set it to 0")
-
-
-def load_adapter(slot: AdapterSlot, state: Mapping[str, torch.Tensor]) -> None:
-    """``state`` (``<module>.lora_A.weight`` / ``.lora_B.weight``, as engines load it) into ``slot``."""
-    from rollout.engines.adapters import A_SUFFIX, B_SUFFIX
-
-    missing = sorted(m for m in slot.layers if m + A_SUFFIX not in state or m + B_SUFFIX not in state)
-    if missing:
-        raise ValueError(f"adapter state lacks layers {missing[:3]}{'...' if len(missing) > 3 else ''}")
-    with torch.no_grad():
-        for module, (a, b) in slot.layers.items():
-            a.copy_(state[module + A_SUFFIX])
-            b.copy_(state[module + B_SUFFIX])

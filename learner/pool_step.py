@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from learner.adapter_slots import SlotTable
-from learner.batching import TokenBatch
+from learner.batching import TokenBatch, micro_share
 from learner.losses import LossInputs, policy_loss
 from learner.losses.config import LossConfig
 from rollout.next_token import next_token_logprobs
@@ -46,10 +46,8 @@ class TenantStep:
         return [self.batch.rows(a, min(a + self.micro_batch_size, n)) for a in range(0, n, self.micro_batch_size)]
 
     def share(self, mb: TokenBatch) -> float:
-        """``mb``'s weight in its step: its share of the rows, or of the tokens for PPO's token mean."""
-        if self.loss.type == "ppo" and self.loss.agg == "token-mean":
-            return mb.num_tokens / max(self.batch.num_tokens, 1.0)
-        return mb.input_ids.size(0) / self.batch.input_ids.size(0)
+        """``mb``'s weight in its step, as the run's own learner weighs it."""
+        return micro_share(self.loss, mb, self.batch.input_ids.size(0), self.batch.num_tokens)
 
 
 def _pad_cat(parts: Sequence[torch.Tensor], width: int, value: int) -> torch.Tensor:

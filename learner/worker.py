@@ -31,9 +31,8 @@ import numpy as np
 import torch
 
 from learner.advantages.assemble import BatchAdvantages
-from learner.advantages.live import Moments
 from learner.checkpoints import checkpoint_tag, load_log_z, resume_state, save_local, upload_checkpoint, write_state
-from learner.batching import TokenBatch, build_token_batch, by_length, rank_micro_batches
+from learner.batching import TokenBatch, build_token_batch, by_length, micro_share, rank_micro_batches
 from learner.config import LearnerConfig
 from learner.deepspeed_setup import DistSpec, control_group, full_state_dict, init_engine, resolve_device
 from learner import lora
@@ -92,10 +91,7 @@ class LearnerWorker:
         """Live groups (sessions, one trajectory each) in every claimed batch; the rest are
         scheduled groups of ``group_size``."""
         self.rows = (cfg.batch_groups - live_groups) * group_size + live_groups
-        self.advantages = BatchAdvantages(
-            cfg.estimator, cfg.live_baseline, cfg.loss, rewards.trained_weights() if rewards is not None else None,
-            rewards.on_missing if rewards is not None else "mask_turn",
-            {src: Moments(*m) for src, m in (state or {}).get("live_baseline", {}).items()})
+        self.advantages = BatchAdvantages.of_run(cfg, rewards, state)
         """The batch's advantages; its running live baselines per reward source are checkpointed."""
         self._interrupted = threading.Event()
         self.micro_batches = math.ceil(self.rows / cfg.micro_batch_size)
@@ -306,8 +302,7 @@ class LearnerWorker:
         """One optimizer step on rows ``start:stop``, accumulated over this rank's
         micro-batches of them. Every share is of the whole ``start:stop`` (all ranks)."""
         rows = stop - start
-        tokens = max(float(tb.loss_mask[start:stop].sum()), 1.0)
-        row_mean = self.cfg.loss.type != "ppo" or self.cfg.loss.agg != "token-mean"
+        tokens = float(tb.loss_mask[start:stop].sum())
         sums: dict[str, float] = {}
         # Windowed trajectories give more rows than trajectories, so the number of micro-batches
         # varies: the last one is marked as DeepSpeed's accumulation boundary by hand. backward()
@@ -321,9 +316,7 @@ class LearnerWorker:
             mb_old = None if old is None else old[a:b, :mb.loss_mask.size(1)]
             loss, m = self._micro_step(mb, _rows_on(task_ids, a, b, self.device),
                                        _rows_on(log_r, a, b, self.device), mb_old)
-            # losses that average rows weigh a micro-batch by its rows, token means by tokens
-            share = mb.input_ids.size(0) / rows if row_mean else mb.num_tokens / tokens
-            share = share if span is not None else 0.0
+            share = micro_share(self.cfg.loss, mb, rows, tokens) if span is not None else 0.0
             self.ds_engine.backward(loss * share * self.micro_batches * self.world)
             for k, v in (m.items() if span is not None else ()):
                 sums[k] = _accumulate(k, sums.get(k), v, share)
@@ -436,7 +429,7 @@ class LearnerWorker:
             return str(path)
         write_state(self.run_dir, self.store, {
             "step": self.step, "version": self.version, "hf_path": str(path), "ds_tag": tag,
-            "live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.advantages.state.items()}})
+            **self.advantages.saved()})
         self.ports.commit(self.version)  # only now is this version's update durable
         return f"{self.store.url}/checkpoints/{tag}" if self.store is not None else str(path)
 

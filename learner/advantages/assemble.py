@@ -91,6 +91,20 @@ class BatchAdvantages:
         self.weights, self.on_missing = weights, on_missing
         self.state: dict[str, Moments] = dict(state or {})
 
+    @classmethod
+    def of_run(cls, learner: Any, rewards: Any = None, checkpoint: dict[str, Any] | None = None) -> BatchAdvantages:
+        """A run's: its ``LearnerConfig`` (estimator, live baseline, loss), its ``RewardsConfig``
+        (trained weights and ``on_missing``; None: the estimator's own sources, ``mask_turn``)
+        and the live baselines its last checkpoint saved (``saved()``; None: fresh)."""
+        moments = {src: Moments(*m) for src, m in (checkpoint or {}).get("live_baseline", {}).items()}
+        return cls(learner.estimator, learner.live_baseline, learner.loss,
+                   rewards.trained_weights() if rewards is not None else None,
+                   rewards.on_missing if rewards is not None else "mask_turn", moments)
+
+    def saved(self) -> dict[str, Any]:
+        """What a checkpoint's state keeps of it (``of_run`` reads it back)."""
+        return {"live_baseline": {src: [m.m1, m.m2, m.n] for src, m in self.state.items()}}
+
     def __call__(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], AdvantageResult, np.ndarray]:
         """Advantages and turn mask of ``trajs``, which come back reordered (scheduled groups
         first, then live sessions) to match."""
