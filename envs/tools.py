@@ -21,6 +21,17 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+"""The JSON schema of a tool that takes no arguments."""
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """An OpenAI function tool definition (what the chat template shows the policy); no
+    description is an empty one, no schema a tool without arguments."""
+    return {"type": "function", "function": {"name": name, "description": description or "",
+                                             "parameters": dict(parameters or EMPTY_PARAMETERS)}}
+
+
 def tool_name(tool: dict[str, Any]) -> str:
     """The name of an OpenAI tool definition, wrapped (``{"function": ...}``) or bare."""
     return tool.get("function", tool)["name"]
@@ -28,7 +39,7 @@ def tool_name(tool: dict[str, Any]) -> str:
 
 def tool_parameters(tool: dict[str, Any]) -> dict[str, Any]:
     """The JSON schema of a tool's parameters (an empty object schema when absent)."""
-    return tool.get("function", tool).get("parameters") or {"type": "object", "properties": {}}
+    return tool.get("function", tool).get("parameters") or EMPTY_PARAMETERS
 
 
 def _type_ok(value: Any, json_type: str | list[str]) -> bool:

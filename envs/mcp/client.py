@@ -21,6 +21,7 @@ from typing import Any
 
 from envs.config import McpServerConfig
 from envs.tool_use.sandbox import ToolOutcome
+from envs.tools import function_tool
 
 CONNECT_TIMEOUT_S = 60.0
 """Start-up and ``list_tools`` of a server (a ``uvx``/``npx`` server may install itself first)."""
@@ -49,9 +50,7 @@ def _target(cfg: McpServerConfig) -> Any:
 
 def openai_tool(tool: Any) -> dict[str, Any]:
     """An MCP tool listing as an OpenAI function definition (what the chat template shows)."""
-    return {"type": "function", "function": {
-        "name": tool.name, "description": tool.description or "",
-        "parameters": tool.input_schema or {"type": "object", "properties": {}}}}
+    return function_tool(tool.name, tool.description, tool.input_schema)
 
 
 def outcome_of(result: Any) -> ToolOutcome:

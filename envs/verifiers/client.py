@@ -22,6 +22,7 @@ from verifiers.types import Response, ResponseMessage
 from verifiers.types import ToolCall as VfToolCall
 
 from envs.formats.base import Split
+from envs.tools import function_tool
 
 MODEL = "turnrl-policy"
 """The model name the environment's requests carry."""
@@ -73,9 +74,7 @@ class EpisodeClient(vf.Client):
 def openai_tool(tool: Any) -> dict[str, Any]:
     """A verifiers tool definition (a ``vf.Tool``, or its dict) as an OpenAI function tool."""
     get = tool.get if isinstance(tool, dict) else lambda k, d=None: getattr(tool, k, d)
-    return {"type": "function", "function": {"name": get("name"), "description": get("description") or "",
-                                             "parameters": dict(get("parameters") or {"type": "object",
-                                                                                     "properties": {}})}}
+    return function_tool(get("name"), get("description"), get("parameters"))
 
 
 def reply(split: Split, turn: int) -> tuple[Response, dict[str, str]]:
