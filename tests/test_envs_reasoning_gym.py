@@ -94,6 +94,34 @@ def test_the_python_tool_runs_in_the_sandbox_and_errors_are_observations() -> No
     assert answered.done and answered.reward == 1.0
 
 
+def test_with_the_python_tool_arithmetic_demonstrations_print_the_expression_then_answer() -> None:
+    sums = {"type": "reasoning_gym", "seed": 1, "num_train_tasks": 12, "num_heldout_tasks": 4, "tools": ["python"],
+            "tasks": [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}}]}
+    source = make_task_source(sums)
+    assert source.provides() == {"gold_answers", "gold_tool_calls", "anchor"}
+    for task in source.tasks("train")[:4]:
+        expression = source.entries[task.task_id][1]["metadata"]["expression"]
+        call, printed, answer = source.demonstration(task)
+        assert call == {"role": "assistant", "content": format_call(ToolCall(name="python", arguments={
+            "code": f"print({expression})"}))}
+        assert printed["role"] == "tool" and printed["content"] == f"{task.gold_answers[0]}\n"
+        assert answer == {"role": "assistant", "content": format_answer(task.gold_answers[0])}
+    # a family with no expression has no gold call and is demonstrated by its answer alone; with
+    # it in the mix the source no longer offers gold calls for every question
+    mixed = make_task_source(sums | {"tasks": [*sums["tasks"], {"name": "word_sorting"}]})
+    words = next(t for t in mixed.tasks("train") if t.task_id.startswith("word_sorting"))
+    assert words.gold_tool_calls is None
+    assert mixed.demonstration(words) == [{"role": "assistant", "content": format_answer(words.gold_answers[0])}]
+    assert mixed.provides() == {"gold_answers", "anchor"}
+    # a division the tool prints as 2.0 for the generator's 2 is answered at once, not taught as
+    # answering otherwise than the tool said
+    ops = make_task_source({**sums, "num_train_tasks": 20, "tasks": [{"name": "basic_arithmetic", "config": {
+        "operators": ["+", "/"], "min_terms": 2, "max_terms": 2}}]})
+    shapes = {"/" in ops.entries[t.task_id][1]["metadata"]["expression"]: len(ops.demonstration(t))
+              for t in ops.tasks("train")}
+    assert shapes == {True: 1, False: 3}
+
+
 @pytest.mark.parametrize("change, message", [
     ({"tasks": [{"name": "basic_arithmetc"}]}, "env.tasks[0].name: unknown reasoning-gym task 'basic_arithmetc'; "
                                               "did you mean basic_arithmetic"),

@@ -19,7 +19,7 @@ import difflib
 import zlib
 from typing import Any
 
-from envs.base import Environment, SplitTaskSource, Task
+from envs.base import Environment, SplitTaskSource, Task, replay_gold_calls
 from envs.config import ReasoningGymConfig, ReasoningGymTask
 from envs.mcp.tools import offer_mcp_tools
 from envs.tool_use.env import ToolUseEnv
@@ -134,9 +134,18 @@ class ReasoningGymTaskSource(SplitTaskSource):
             messages=[{"role": "system", "content": prompt}, {"role": "user", "content": entry["question"]}],
             tools=[PYTHON_TOOL] if self.cfg.tools else [],
             gold_answers=[str(entry["answer"])] if entry.get("answer") is not None else None,
+            gold_tool_calls=self._gold_calls(entry),
             metadata={"family": entry["metadata"].get("source_dataset", task_id.split(":")[0]),
                       "functions": {"python": PYTHON_SOURCE} if self.cfg.tools else {}},
         )
+
+    def _gold_calls(self, entry: dict[str, Any]) -> list[ToolCall] | None:
+        """With the Python tool, a family whose generator records the ``expression`` it asks
+        about (the arithmetic ones) gets one gold call that prints it; others have none."""
+        expression = entry["metadata"].get("expression")
+        if "python" not in self.cfg.tools or not isinstance(expression, str) or entry.get("answer") is None:
+            return None
+        return [ToolCall(name="python", arguments={"code": f"print({expression})"})]
 
     def score(self, task: Task, answer: str | None) -> float:
         """The family's own grade of ``answer`` (0.0 for no answer)."""
@@ -155,9 +164,17 @@ class ReasoningGymTaskSource(SplitTaskSource):
         return ToolUseEnv(self.limits, self.cfg.max_turns, judge=self.score, mcp=self.mcp)
 
     def demonstration(self, task: Task) -> list[dict[str, Any]]:
-        """The generator's answer, given at once."""
+        """With a gold call (the Python tool on an arithmetic family): the call, what the sandbox
+        printed, then the answer, when the printed value is the generator's answer (a division
+        that prints ``2.0`` for ``2`` would teach answering otherwise than the tool said, so
+        that question is answered at once). Otherwise the generator's answer, given at once."""
         if not task.gold_answers:
             raise ValueError(f"task {task.task_id} has no generated answer to demonstrate")
+        if task.gold_tool_calls:
+            messages = replay_gold_calls(self.make_env(), task)
+            printed = [m["content"].strip() for m in messages if m["role"] == "tool"]
+            if printed == [task.gold_answers[0].strip()]:
+                return messages
         return [{"role": "assistant", "content": format_answer(task.gold_answers[0])}]
 
     def episode_metrics(self, task: Task, answer: str | None, calls: list[ToolCall],
@@ -172,4 +189,7 @@ class ReasoningGymTaskSource(SplitTaskSource):
         return out
 
     def provides(self) -> set[str]:
-        return {"gold_answers", "anchor"}
+        """Gold calls only when every training question has one (an arithmetic family with the
+        Python tool): an estimator matching calls needs them on every episode."""
+        calls = {"gold_tool_calls"} if all(t.gold_tool_calls for t in self.splits["train"]) else set()
+        return {"gold_answers", "anchor", *calls}
