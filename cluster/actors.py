@@ -92,7 +92,7 @@ def check_resources(cfg: RunConfig) -> None:
             raise RuntimeError(f"the run reserves {need_r:g} of the custom resource {name!r} ({', '.join(keys)}) but "
                                f"the cluster's nodes advertise {res.get(name, 0):g}; start "
                                f"nodes with `ray start --resources '{{\"{name}\": N}}'` or change those keys")
-    gpus = own_engines(cfg) * cfg.rollout.engine.num_gpus + cfg.learner.world_size * cfg.learner.num_gpus
+    gpus = own_engines(cfg) * cfg.rollout.engine.num_gpus + own_learner_ranks(cfg) * cfg.learner.num_gpus
     if gpus > res.get("GPU", 0) + 1e-9:
         raise RuntimeError(f"the run needs {gpus:g} GPUs (rollout.engine.count x rollout.engine.num_gpus + "
                            f"learner.world_size x learner.num_gpus) but the cluster has "
@@ -109,7 +109,7 @@ def custom_resources(cfg: RunConfig) -> dict[str, tuple[float, list[str]]]:
               ("rollout.resources", ro.num_workers, ro.resources),
               ("rollout.engine.resources", own_engines(cfg), ro.engine.resources),
               ("rollout.env_actors.resources", ro.env_actors.count, ro.env_actors.resources),
-              ("learner.resources", cfg.learner.world_size, cfg.learner.resources)]
+              ("learner.resources", own_learner_ranks(cfg), cfg.learner.resources)]
     out: dict[str, tuple[float, list[str]]] = {}
     for key, count, resources in groups:
         for name, amount in resources.items():
@@ -124,11 +124,18 @@ def own_engines(cfg: RunConfig) -> int:
     return 0 if cfg.rollout.pool is not None else cfg.rollout.engine.count
 
 
+def own_learner_ranks(cfg: RunConfig) -> int:
+    """Learner ranks the run starts that hold the model and reserve ``learner.num_cpus``:
+    none when its pool's learner trains it (``learner.on_pool``; its one ``TenantLearner``
+    reserves nothing)."""
+    return 0 if cfg.learner.on_pool else cfg.learner.world_size
+
+
 def run_cpus(cfg: RunConfig) -> float:
     """Ray CPUs the run's core actors reserve (reward scorers and judges come on top)."""
     envs, eng = cfg.rollout.env_actors, cfg.rollout.engine
     return (cfg.rollout.num_workers * cfg.rollout.num_cpus + own_engines(cfg) * eng.num_cpus
-            + cfg.learner.world_size * cfg.learner.num_cpus
+            + own_learner_ranks(cfg) * cfg.learner.num_cpus
             + cfg.cluster.reward_num_cpus + cfg.cluster.replay_num_cpus + envs.count * envs.num_cpus
             + (cfg.live.num_cpus if cfg.live.enabled else 0.0))
 
@@ -297,6 +304,10 @@ def start_actors(cfg: RunConfig, policy_path: str, run_dir: str, run_id: str, re
     ports = ActorLearnerPorts(replay, weights, cfg.rollout.weights, run_dir, cfg.rollout.engine.count)
 
     def make_learner(resume: bool, version_floor: int = 0) -> LearnerGroup:
+        if cfg.learner.on_pool:  # the pool's learner trains the run's adapter
+            from cluster.pool_learner import start_tenant
+
+            return start_tenant(cfg, run_id, ports, run_dir, resume, version_floor, live_groups)
         group = start_learner(cfg.learner, learner_actor_class(Learner), lambda dist: (
             (cfg.learner, str(policy_path), run_dir, ports if dist is None or dist.rank == 0 else None),
             {"group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature, "resume": resume,

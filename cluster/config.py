@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from envs.config import EnvConfig, SearchQAConfig
 from gateway.config import LiveConfig
-from learner.config import LearnerConfig, PolicyConfig
+from learner.config import LLAMA_LINEAR_MODULES, LearnerConfig, PolicyConfig
 from replay.config import ReplayConfig
 from rewards.config import RewardsConfig
 from rollout.config import EngineConfig, HFEngineConfig, RolloutConfig
@@ -118,6 +118,32 @@ class TrainConfig(BaseModel):
         return 0
 
 
+class PoolLearnerConfig(BaseModel):
+    """A pool's learner (``cluster.pool_learner``): one process that holds the pool's base
+    model once and trains an adapter slot per attached run (``learner.on_pool``), several
+    runs' micro-batches through one base pass when their batches are ready together."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    target_modules: list[str] = Field(default_factory=lambda: list(LLAMA_LINEAR_MODULES), min_length=1)
+    """The layers every run's adapter adapts (a run's ``learner.lora.target_modules`` must
+    name these)."""
+    coalesce_s: float = Field(0.5, ge=0, le=60)
+    """How long a ready run's step waits for other runs' batches to train with it in one pass
+    (the most any run waits for others)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs of the learner's process."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs of the learner's process (the base model and every slot live on it)."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources it reserves (e.g. a node label)."""
+    torch_threads: int = Field(2, ge=1)
+    """Intra-op threads of the learner."""
+    max_restarts: int = Field(3, ge=-1)
+    """Times Ray starts the learner again after its process died (-1: always); each attached
+    run then attaches again from its own last checkpoint."""
+
+
 class PoolConfig(BaseModel):
     """One shared engine pool (``cluster.pool``): engines of one base model that LoRA runs
     attach to, declared in the run service's ``pools``."""
@@ -144,6 +170,9 @@ class PoolConfig(BaseModel):
     watch_s: float = Field(5.0, gt=0)
     """How often the pool checks that each attached run's weight sync lives; a run killed
     without detaching loses its adapter within this."""
+    learner: PoolLearnerConfig | None = None
+    """One learner for every run on the pool (``learner.on_pool``; the run service sets it for
+    runs naming this pool); None: each run starts a learner of its own (docs/tenants.md)."""
 
     @model_validator(mode="after")
     def _serves_adapters(self) -> "PoolConfig":
@@ -223,6 +252,9 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _pool_runs_train_an_adapter(self) -> "RunConfig":
         if self.rollout.pool is None:
+            if self.learner.on_pool:
+                raise ValueError("learner.on_pool: a pool's learner trains runs on its pool; set rollout.pool to "
+                                 "the pool's name, or learner.on_pool=false")
             return self
         lora = self.learner.lora
         if lora is None or lora.publish != "adapter":

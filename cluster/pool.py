@@ -101,20 +101,28 @@ class EnginePool:
         fair = (cfg.max_running, cfg.max_running_per_adapter)
         self.engines = [actor.remote(eng, model_path, i, PoolSource(name), restarted_by_ray=True, fair=fair)
                         for i in range(eng.count)]
+        self.learner = None
+        """The pool's learner (``cluster.pool_learner``) when its config has one."""
+        if cfg.learner is not None:
+            from cluster.pool_learner import start_pool_learner
+
+            self.learner = start_pool_learner(name, cfg.learner, model_path, cfg.max_adapters)
         self.runs: dict[str, Attached] = {}
         self.detached = 0
         self._watch: asyncio.Task | None = None
 
     async def start(self) -> dict[str, Any]:
         """Wait for the engines; start the watch. Returns ``describe()``."""
-        await asyncio.gather(*[e.start.remote() for e in self.engines])
+        await asyncio.gather(*[e.start.remote() for e in self.engines],
+                             *([self.learner.stats.remote()] if self.learner is not None else []))
         self._watch = asyncio.ensure_future(self._watch_runs())
         return self.describe()
 
     def describe(self) -> dict[str, Any]:
-        """What a run attaching needs: the engines and the model (path and fingerprint); what
-        is attached is ``stats``'."""
-        return {"engines": self.engines, "model_path": self.model_path, "fingerprint": self.fingerprint}
+        """What a run attaching needs: the engines, the learner (None: runs bring their own)
+        and the model (path and fingerprint); what is attached is ``stats``'."""
+        return {"engines": self.engines, "learner": self.learner, "model_path": self.model_path,
+                "fingerprint": self.fingerprint}
 
     def attach(self, run_id: str, adapter: AdapterSpec, weights: Any) -> list[Any]:
         """Take ``run_id`` on (again, after a restart of its driver: its new sync replaces the
@@ -133,11 +141,13 @@ class EnginePool:
         if run is None:
             return False
         self.detached += 1
-        results = await asyncio.gather(*[e.remove_adapter.remote(run.adapter.name) for e in self.engines],
+        learner = [self.learner.detach.remote(run_id)] if self.learner is not None else []
+        results = await asyncio.gather(*[e.remove_adapter.remote(run.adapter.name) for e in self.engines], *learner,
                                        return_exceptions=True)
         for i, res in enumerate(results):
             if isinstance(res, BaseException):
-                _log.warning("pool %s: engine %d kept adapter %s: %s", self.name, i, run.adapter.name, res)
+                what = f"engine {i} kept adapter" if i < len(self.engines) else "the learner kept the slot of"
+                _log.warning("pool %s: %s %s: %s", self.name, what, run.adapter.name, res)
         _log.info("pool %s: run %s detached", self.name, run_id)
         return True
 
@@ -164,9 +174,11 @@ class EnginePool:
                     continue
 
     async def stats(self) -> dict[str, Any]:
-        engines = await asyncio.gather(*[e.stats.remote() for e in self.engines], return_exceptions=True)
-        return {"runs": sorted(self.runs), "detached": self.detached,
-                "engines": [None if isinstance(s, BaseException) else s for s in engines]}
+        learner = [self.learner.stats.remote()] if self.learner is not None else []
+        got = await asyncio.gather(*[e.stats.remote() for e in self.engines], *learner, return_exceptions=True)
+        got = [None if isinstance(s, BaseException) else s for s in got]
+        return {"runs": sorted(self.runs), "detached": self.detached, "engines": got[:len(self.engines)],
+                "learner": got[len(self.engines)] if learner else None}
 
     async def vigil(self) -> None:
         """Never returns: the pool job's driver waits on it and ends when the actor dies."""

@@ -213,6 +213,11 @@ class LearnerConfig(BaseModel):
     """Train low-rank adapters on the frozen policy instead of every weight (None: full
     fine-tuning). The weight sync still publishes whole (merged) weights; checkpoints hold the
     adapter and name the base (``docs/lora.md``)."""
+    on_pool: bool = False
+    """Train this run's adapter in its engine pool's learner (``rollout.pool``, a pool declared
+    with a ``learner``: one process holding the base once, an adapter slot per run) instead of
+    starting a learner of the run's own; the run then starts no process that holds the model.
+    The run service sets it for runs on such pools (docs/tenants.md)."""
 
     @model_validator(mode="after")
     def _device_matches_gpus(self) -> "LearnerConfig":
@@ -228,9 +233,36 @@ class LearnerConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _what_a_pool_learner_trains(self) -> "LearnerConfig":
+        if self.on_pool:
+            refusal = pool_learner_refusal(self)
+            if refusal:
+                raise ValueError(f"learner.on_pool: {refusal}")
+        return self
+
+    @model_validator(mode="after")
     def _lora_under_zero_0_to_2(self) -> "LearnerConfig":
         if self.lora is not None and self.zero_stage == 3:
             raise ValueError("learner.lora with learner.zero_stage=3: LoRA runs are supported (and tested) "
                              "under ZeRO 0-2; set learner.zero_stage to 0, 1 or 2 (the frozen base is not "
                              "optimizer state, so ZeRO 2 already shards all there is)")
         return self
+
+
+def pool_learner_refusal(cfg: LearnerConfig) -> str | None:
+    """Why a pool's learner (``learner.pool``) cannot train a run with these settings, naming
+    the field; None when it can: a LoRA adapter with on-policy PPO, one rank."""
+    if cfg.lora is None:
+        return "learner.lora: a run on a pool learner trains a LoRA adapter; set learner.lora"
+    if cfg.lora.publish != "adapter":
+        return "learner.lora.publish: the pool learner publishes adapters; set it to adapter"
+    if cfg.loss.type != "ppo":
+        return f"learner.loss.type {cfg.loss.type!r}: the pool learner trains the ppo loss"
+    if cfg.ppo_epochs != 1 or cfg.mini_batches != 1:
+        return ("learner.ppo_epochs and learner.mini_batches: the pool learner takes on-policy steps "
+                "(one epoch, one mini-batch)")
+    if cfg.loss.kl_coef > 0:
+        return "learner.loss.kl_coef: the pool learner has no KL term yet; set it to 0"
+    if cfg.world_size != 1:
+        return "learner.world_size: the pool learner trains each adapter in one process; set it to 1"
+    return None

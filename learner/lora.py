@@ -107,6 +107,25 @@ def save_adapter(model: Any, state: Mapping[str, torch.Tensor], path: Path, base
     """peft's ``adapter_model.safetensors`` + ``adapter_config.json`` of ``state`` (the
     full state dict, gathered) into ``path``, and ``turnrl_lora.json`` naming ``base``."""
     model.save_pretrained(str(path), state_dict=dict(state), save_embedding_layers=False)
+    _write_marker(path, base, cfg)
+
+
+def write_adapter(adapter: Mapping[str, torch.Tensor], path: Path, base: str, cfg: LoRAConfig) -> None:
+    """The files ``save_adapter`` writes, from an adapter as engines load it
+    (``adapter_state``'s names; the pool learner's slots hold it so): peft's weights and config,
+    and the marker naming ``base``. ``merged_folder`` and ``turnrl models merge`` read it."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({PEFT_PREFIX + name: t.detach().contiguous() for name, t in adapter.items()},
+              str(path / "adapter_model.safetensors"))
+    LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+               bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base).save_pretrained(str(path))
+    _write_marker(path, base, cfg)
+
+
+def _write_marker(path: Path, base: str, cfg: LoRAConfig) -> None:
     marker = {"base": base, "lora": cfg.model_dump(), "note": "a LoRA adapter: `turnrl models merge` "
               "writes base + adapter as a plain Hugging Face folder"}
     (path / MARKER).write_text(json.dumps(marker, indent=2))

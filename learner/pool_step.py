@@ -18,7 +18,7 @@ On-policy steps (one epoch, one mini-batch: old log-probs are the current ones, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +40,8 @@ class TenantStep:
     micro_batch_size: int
     temperature: float = 1.0
     """Its rollout sampling temperature (log-probs are taken at it)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What its batch held (``learner.step_metrics.batch_metrics``), reported with its step."""
 
     def micro_batches(self) -> list[TokenBatch]:
         n = self.batch.input_ids.size(0)

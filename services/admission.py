@@ -204,7 +204,7 @@ def _resolve(value: str, base: Path) -> Path | None:
 def demand(cfg: RunConfig) -> dict[str, float]:
     """Ray actors, CPUs and GPUs the run asks for: the actors ``cluster.actors.start_actors``
     and ``cluster.reward_service.start_reward_service`` create, with their resources."""
-    from cluster.actors import own_engines, run_cpus
+    from cluster.actors import own_engines, own_learner_ranks, run_cpus
     from cluster.reward_service import reward_pools
 
     sc, ro = cfg.rewards.service, cfg.rollout
@@ -216,7 +216,7 @@ def demand(cfg: RunConfig) -> dict[str, float]:
     actors = (3 + cfg.learner.world_size + ro.num_workers + ro.env_actors.count + scorers + judges
               + engines + cfg.live.enabled)
     return {"actors": actors, "cpus": cpus,
-            "gpus": engines * ro.engine.gpus_per_engine() + cfg.learner.world_size * cfg.learner.num_gpus}
+            "gpus": engines * ro.engine.gpus_per_engine() + own_learner_ranks(cfg) * cfg.learner.num_gpus}
 
 
 def limit_errors(cfg: RunConfig, limits: LimitsConfig, owner: str) -> list[dict[str, str]]:
@@ -322,10 +322,32 @@ class Admission:
         if _has(body, ("rollout", "engine")):
             errors.append({"loc": "rollout.engine", "type": "not_allowed_pool",
                            "msg": f"a run on engine pool {name!r} uses the pool's engines: remove rollout.engine"})
+        self._pool_learner(name, pool, run_cfg, body, tree, errors)
         _set(tree, ("policy", "path"), pool.model)
         _set(tree, ("policy", "sft", "enabled"), False)  # the adapter trains on the pool's base as it is
         _set(tree, ("rollout", "engine"), pool.engine.model_dump(mode="json"))
+        _set(tree, ("learner", "on_pool"), pool.learner is not None)
         return True
+
+    @staticmethod
+    def _pool_learner(name: str, pool: Any, run_cfg: RunConfig, body: dict[str, Any], tree: dict[str, Any],
+                      errors: list[dict[str, str]]) -> None:
+        """A pool with a learner trains its runs there (``learner.on_pool``, set by the
+        caller), their adapters on its layers (set here unless submitted; submitted others are
+        refused); a submitted ``on_pool`` that says otherwise is refused."""
+        if _has(body, ("learner", "on_pool")) and run_cfg.learner.on_pool != (pool.learner is not None):
+            has = "trains its runs in its learner" if pool.learner is not None else "has no learner"
+            errors.append({"loc": "learner.on_pool", "type": "not_allowed_pool",
+                           "msg": f"engine pool {name!r} {has}: remove learner.on_pool"})
+        lora, targets = run_cfg.learner.lora, ("learner", "lora", "target_modules")
+        if pool.learner is None or lora is None:
+            return
+        if not _has(body, targets):
+            _set(tree, targets, list(pool.learner.target_modules))
+        elif sorted(lora.target_modules) != sorted(pool.learner.target_modules):
+            errors.append({"loc": "learner.lora.target_modules", "type": "not_allowed_pool",
+                           "msg": f"engine pool {name!r}'s learner adapts {pool.learner.target_modules}: every "
+                                  "adapter on it adapts those layers; remove learner.lora.target_modules"})
 
 
 @dataclass

@@ -341,6 +341,8 @@ def test_a_restarted_pool_learner_resumes_each_tenant_and_trains_nothing_twice(t
         assert sorted(first.train_round(wait_s=1.0)) == ["run"]
     saved = torch.load(tmp_path / "pool_checkpoint" / "step_000002.pt", weights_only=False)
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 2 and saved["step"] == 2
+    _merges_to_the_slots_weights(tmp_path / "checkpoints" / "step_000002", tiny_policy[0], saved["adapter"],
+                                 cfg.lora.alpha / cfg.lora.rank)
     ports.store.recover(2)  # as the driver does for a restarted learner: claims after the checkpoint come back
     again = PoolLearner(tiny_policy[0], targets, coalesce_s=0.0)
     assert again.attach("run", cfg, ports, temperature=1.0, run_dir=tmp_path, resume=True) == 2
@@ -350,3 +352,57 @@ def test_a_restarted_pool_learner_resumes_each_tenant_and_trains_nothing_twice(t
     rows = [json.loads(line) for line in (tmp_path / "trained_groups.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert sorted(g for r in rows for g in r["group_ids"]) == sorted(g.group_id for g in _groups(5, n=3))
+
+
+def _merges_to_the_slots_weights(folder, base: str, adapter: dict, scale: float) -> None:
+    """``folder`` is a LoRA checkpoint of ``base`` whose merge (peft's, as ``turnrl models
+    merge`` and ``turnrl eval`` do it) holds W + scale * B @ A for every adapted layer."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.lora import base_of, is_lora_checkpoint, merged_folder
+    from rollout.engines.adapters import A_SUFFIX, B_SUFFIX
+
+    assert is_lora_checkpoint(folder) and Path(base_of(folder)) == Path(base).resolve()
+    merged = AutoModelForCausalLM.from_pretrained(merged_folder(folder), dtype=torch.float32).state_dict()
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict()
+    layers = {k.removesuffix(A_SUFFIX) for k in adapter if k.endswith(A_SUFFIX)}
+    assert layers and all(layer + ".weight" in merged for layer in layers)
+    for layer in layers:
+        want = plain[layer + ".weight"] + scale * adapter[layer + B_SUFFIX] @ adapter[layer + A_SUFFIX]
+        assert torch.allclose(merged[layer + ".weight"], want, atol=1e-6)
+        assert not torch.equal(merged[layer + ".weight"], plain[layer + ".weight"])  # trained: B moved from 0
+
+
+class _DeadPorts:
+    """A tenant's ports after its run died: its replay is gone."""
+
+    def claim(self, *args, **kwargs):
+        raise ConnectionError("replay host is gone")
+
+    def publish(self, *args, **kwargs) -> None:
+        pass
+
+
+def test_a_tenant_whose_run_died_is_dropped_and_a_tenant_trains_only_the_steps_it_asks_for(tiny_policy) -> None:
+    from learner.config import LearnerConfig
+    from learner.pool import PoolLearner
+    from learner.ports import LocalLearnerPorts
+    from replay.config import ReplayConfig
+    from replay.memory import InProcessReplayStore
+
+    pool = PoolLearner(tiny_policy[0], ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                       coalesce_s=0.0)
+    cfg = LearnerConfig(batch_groups=1, lr=1e-2, lora={"rank": 2})
+    ports = LocalLearnerPorts(InProcessReplayStore(ReplayConfig(eta=100), 1))
+    pool.attach("asks", cfg, ports, temperature=1.0, on_request=True)
+    pool.attach("dead", cfg, _DeadPorts(), temperature=1.0)
+    for group in _groups(3, n=3):
+        ports.store.put(group)
+    assert pool.train_round(wait_s=0.2) == {}  # "asks" asked for nothing; "dead" failed its claim
+    assert sorted(pool.tenants) == ["asks"] and "dead" not in pool.table.slots
+    assert pool.failed == {"dead": "ConnectionError: replay host is gone"}
+    pool.request("asks", 2)
+    assert [sorted(pool.train_round(wait_s=1.0)) for _ in range(3)] == [["asks"], ["asks"], []]
+    assert pool.tenants["asks"].step == 2 and ports.store.stats().ready == 1  # the third group waits in replay
+    pool.detach("asks")  # its learner replaced inside a running job: versions go on above what engines serve
+    assert pool.attach("asks", cfg, ports, temperature=1.0, version_floor=7) == 8 and ports.published[0] == 8
