@@ -45,6 +45,13 @@ METHODS: dict[str, tuple[str, ...]] = {
     "matchtir": ("learner.estimator.type=matchtir", "rewards.match={}"),
     "gigpo": ("learner.estimator.type=gigpo",),
     "prm": ("learner.estimator.type=prm", "rewards.service.scorer_num_cpus=0"),  # rewards.prm: ``prepare_prm``'s PRM
+    # The three IGPO variants of docs/results/credit.md's addendum 4 (named before they ran):
+    # one change each against "igpo".
+    "igpo_sep": ("learner.estimator.type=igpo", "learner.estimator.normalisation=separate", "rewards.ig={}",
+                 "rewards.service.scorer_num_cpus=0"),
+    "igpo_w03": ("learner.estimator.type=igpo", "learner.estimator.ig_weight=0.3", "rewards.ig={}",
+                 "rewards.service.scorer_num_cpus=0"),
+    "igpo_log": ("learner.estimator.type=igpo", "rewards.ig={mode: log_prob_diff}", "rewards.service.scorer_num_cpus=0"),
 }
 """Each method's overrides; everything else (task, warm start, lr, batch) is the config's."""
 SEEDS = (0, 1, 2)

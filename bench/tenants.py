@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/tenants.py [--quick] [--model tiny|smollm2] [--tenants 1,4,8]
                                       [--control 4] [--pool-engines 1] [--seconds 90] [--warm-steps 2] [--rank 16]
-                                      [--repeats 5] [--parts 1,2,3] [--engine-cores 0] [--out DIR]
+                                      [--repeats 5] [--parts 1,2,3] [--engine-cores 0] [--pool-learner]
+                                      [--out DIR]
 
 The bench starts a Ray cluster of its own (the run service's local head, in a temporary
 directory) and
@@ -24,6 +25,9 @@ until the bench stops it (SIGTERM: it checkpoints and detaches, as a stopped run
    of what the pool's engines grew by since the pool started; a tenant against the whole stack
    (goal <= 10%). Each window also prints the cores each role kept busy and its CPU
    milliseconds per trained sample (where sharing's cost goes).
+With ``--pool-learner`` the pool has a learner (``PoolConfig.learner``) and its runs set
+``learner.on_pool``: one process trains every run's adapter, a run keeps no learner of its own,
+and the learner's growth counts with the engine's in what a tenant adds.
 With ``--engine-cores``, every engine (a run's own and the pool's) runs on those cores and
 everything else (drivers, learners, rollout workers, services, Ray's daemons) on the others, as
 on a cluster where inference has accelerators of its own: sharing is then measured without the
@@ -50,7 +54,7 @@ import tempfile
 import time
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
@@ -153,18 +157,19 @@ def wait_steps(runs: list[Run], steps: int, timeout_s: float = 900.0) -> None:
         time.sleep(0.5)
 
 
-def window(runs: list[Run], seconds: float, warm_steps: int, engines: Sequence[int] = ()) -> list[float]:
+def window(runs: list[Run], seconds: float, warm_steps: int, shared: Mapping[str, list[int]] | None = None
+           ) -> list[float]:
     """Samples/s of each run over a window of ``seconds`` once each has ``warm_steps`` steps;
-    prints where the CPU went meanwhile (``engines``: a pool's engine processes)."""
+    prints where the CPU went meanwhile (``shared``: a pool's processes by role)."""
     print(f"  waiting for {len(runs)} run(s) to train {warm_steps} step(s) ...", flush=True)
     wait_steps(runs, warm_steps)
-    t0, cpu0 = time.monotonic(), cpu_seconds(runs, list(engines))
+    t0, cpu0 = time.monotonic(), cpu_seconds(runs, shared or {})
     print(f"  window open ({seconds:.0f} s)", flush=True)
     while time.monotonic() < t0 + seconds:
         for r in runs:
             r.poll()
         time.sleep(0.5)
-    t1, cpu1 = time.monotonic(), cpu_seconds(runs, list(engines))
+    t1, cpu1 = time.monotonic(), cpu_seconds(runs, shared or {})
     while any(r.times[-1] <= t1 for r in runs):  # a step after the window to interpolate to
         for r in runs:
             r.poll()
@@ -204,9 +209,9 @@ def run_memory(runs: list[Run]) -> dict[str, dict[str, float]]:
             for name, roles in run_processes(runs).items()}
 
 
-def cpu_seconds(runs: list[Run], engines: list[int]) -> dict[str, float]:
+def cpu_seconds(runs: list[Run], shared: Mapping[str, list[int]]) -> dict[str, float]:
     """CPU seconds (user + system) each role's processes have used so far, summed over the
-    runs; ``engines``: a pool's engine processes (a run's own engine is one of its actors)."""
+    runs; ``shared``: a pool's processes by role (a run's own engine is one of its actors)."""
     import psutil
 
     def used(pid: int) -> float:
@@ -217,7 +222,7 @@ def cpu_seconds(runs: list[Run], engines: list[int]) -> dict[str, float]:
         return t.user + t.system
 
     machine = psutil.cpu_times()
-    out = {"pool engine": sum(map(used, engines))} if engines else {}
+    out = {role: sum(map(used, pids)) for role, pids in shared.items()}
     for roles in run_processes(runs).values():
         for role, pids in roles.items():
             out[role] = out.get(role, 0.0) + sum(map(used, pids))
@@ -290,21 +295,22 @@ def own_engines(policy: str, cluster: Cluster, out: Path, args: argparse.Namespa
     return row
 
 
-def on_pool(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, engines: list[Any],
+def on_pool(policy: str, cluster: Cluster, out: Path, args: argparse.Namespace, shared: dict[str, list[int]],
             runs: list[Run], n: int) -> dict[str, Any]:
-    """Grow ``runs`` (LoRA runs naming the pool) to ``n``; their samples/s and memory."""
+    """Grow ``runs`` (LoRA runs naming the pool) to ``n``; their samples/s and memory, and the
+    growth of the pool's processes (``shared``: engines, then its learner) since it started."""
     print(f"pool, {n} run(s): starting {n - len(runs)} more", flush=True)
     config, sets = run_args(policy, args)
-    runs += [Run(f"tenant-{i}", config, [*sets, "rollout.pool=bench"], cluster, out)
-             for i in range(len(runs), n)]
-    engine_pids = [pid_of(e) for e in engines]
-    rates = window(runs, args.seconds, args.warm_steps, engine_pids)
+    on = [*sets, "rollout.pool=bench", *(["learner.on_pool=true"] if args.pool_learner else [])]
+    runs += [Run(f"tenant-{i}", config, on, cluster, out) for i in range(len(runs), n)]
+    rates = window(runs, args.seconds, args.warm_steps, shared)
     memory = run_memory(runs)
-    grown = uss_mb(engine_pids) - args.engine_mb
+    grown = uss_mb([pid for pids in shared.values() for pid in pids]) - args.shared_mb
     row = {"rates": rates, "mb": statistics.mean(sum(roles.values()) for roles in memory.values()),
            "shared": max(grown, 0.0) / n}
+    what = "engine and learner" if args.pool_learner else "engine"
     print(f"  {sum(rates):.2f} samples/s together (per run {min(rates):.2f}-{max(rates):.2f}); a run's own "
-          f"processes {row['mb']:.0f} MB (the first: {by_role(memory[runs[0].name])}), the pool engine grew "
+          f"processes {row['mb']:.0f} MB (the first: {by_role(memory[runs[0].name])}), the pool's {what} grew "
           f"{grown:.0f} MB", flush=True)
     return row
 
@@ -346,15 +352,23 @@ async def publish_times(engine: Any, policy: str, rank: int, versions: range) ->
     return times
 
 
-def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any]]:
+def make_pool(policy: str, args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, list[int]]]:
+    """The pool (with ``--pool-learner``, a learner of its own): (actor, its engines, the pids
+    whose growth its runs share: engines, then the learner)."""
     import ray
 
     from cluster.config import PoolConfig
     from cluster.pool import start_pool
 
     engine = engine_cfg(args, args.pool_engines)
-    pool = start_pool("bench", PoolConfig(model=policy, engine=engine, max_adapters=max(args.tenants) + 1), policy)
-    return pool, ray.get(pool.start.remote())["engines"]
+    learner = {"num_cpus": 1.0} if args.pool_learner else None
+    pool = start_pool("bench", PoolConfig(model=policy, engine=engine, max_adapters=max(args.tenants) + 1,
+                                          learner=learner), policy)
+    info = ray.get(pool.start.remote())
+    shared = {"pool engine": [pid_of(e) for e in info["engines"]]}
+    if info["learner"] is not None:
+        shared["pool learner"] = [pid_of(info["learner"])]
+    return pool, info["engines"], shared
 
 
 def fused_step(args: argparse.Namespace) -> None:
@@ -382,6 +396,8 @@ def main() -> None:
                    "the fused step, without Ray)")
     p.add_argument("--engine-cores", default="", help="cores for every engine, the rest for everything else "
                    "(e.g. 0; default: all share every core)")
+    p.add_argument("--pool-learner", action="store_true", help="the pool trains its runs in one learner "
+                   "(learner.on_pool): a run on it starts no learner of its own")
     p.add_argument("--out", default=None, help="where the runs' folders and logs go (default: a temp dir)")
     args = p.parse_args()
     args.tenants = sorted(int(n) for n in args.tenants.split(","))
@@ -407,18 +423,18 @@ def main() -> None:
     runs: list[Run] = []
     try:
         ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": job_env()})
-        pool, engines = make_pool(policy, args)
-        args.engine_mb = uss_mb([pid_of(e) for e in engines])
+        pool, engines, shared = make_pool(policy, args)
+        args.shared_mb = uss_mb([pid for pids in shared.values() for pid in pids])
         n = args.repeats
         idle = asyncio.run(publish_times(engines[0], policy, args.rank, range(1, n + 1))) if 2 in parts else []
         rows = [("alone (own engine)", own_engines(policy, cluster, out, args, 1, "alone first"))] if 1 in parts else []
         for count in args.control if 1 in parts else []:
             rows.append((f"own engines, {count} runs", own_engines(policy, cluster, out, args, count, f"own {count}")))
         for count in args.tenants if 1 in parts else []:
-            rows.append((f"pool, {count} run(s)", on_pool(policy, cluster, out, args, engines, runs, count)))
+            rows.append((f"pool, {count} run(s)", on_pool(policy, cluster, out, args, shared, runs, count)))
         if 2 in parts:
             if not runs:
-                on_pool(policy, cluster, out, args, engines, runs, max(args.tenants))
+                on_pool(policy, cluster, out, args, shared, runs, max(args.tenants))
             busy = asyncio.run(publish_times(engines[0], policy, args.rank, range(n + 1, 2 * n + 1)))
         stop_all(runs)
         if 1 in parts:

@@ -118,7 +118,8 @@ def _run_action(client: Any, args: argparse.Namespace) -> int:
     elif args.action == "pools":
         for pool in client.pools():
             print(f"{pool['name']}\t{pool['status']}\t{pool['attached']}/{pool['max_adapters']} runs "
-                  f"({pool['mine']} yours)\t{pool['engines']} {pool['engine']} engine(s) of {pool['model']}")
+                  f"({pool['mine']} yours)\t{pool['engines']} {pool['engine']} engine(s) of {pool['model']}"
+                  + (", one learner for every run" if pool.get("learner") else ""))
     elif args.action == "status":
         _print_run(client.status(args.run_id))
     elif args.action == "logs":

@@ -87,6 +87,7 @@ class PoolJobs:
             status = "unknown" if running is None else job[1] if job else "down"
             out.append({"name": name, "model": pool.model, "engine": pool.engine.type, "engines": pool.engine.count,
                         "max_adapters": pool.max_adapters, "attached": attached.get(name, 0),
+                        "learner": pool.learner is not None,
                         "status": status, "job": job[0] if job else None})
         return out
 

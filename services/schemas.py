@@ -111,6 +111,9 @@ class Pool(BaseModel):
     """Runs it serves at once, every tenant's together."""
     attached: int
     """Active runs naming it, every tenant's."""
+    learner: bool
+    """Whether one learner of the pool trains every run on it (``learner.on_pool``); false:
+    each run starts a learner of its own."""
     mine: int
     """Active runs of the caller naming it (``limits.max_pool_adapters`` bounds them)."""
     status: str

@@ -17,6 +17,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,64 @@ def test_tenants_share_a_pool_each_with_its_own_adapter_endpoint_and_sessions(ti
         assert adapter.startswith(f"{a}-")
         assert not (Path(bob.status(b)["run_dir"]) / "live_sessions.jsonl").exists()
         for client in (alice, bob):
+            client.close()
+
+
+def _pool_learner_stats(state_dir: Path) -> dict[str, Any]:
+    """The pool learner's ``stats()``, asked from a process of its own joining the service's
+    local Ray head (this test process may hold another Ray session)."""
+    gcs = json.loads((state_dir / "local_ray.json").read_text())["gcs_address"]
+    code = ("import json, ray; from cluster.pool import POOL_NAMESPACE; from cluster.pool_learner import "
+            f"pool_learner_name; ray.init(address={gcs!r}, namespace=POOL_NAMESPACE, log_to_driver=False); "
+            "print(json.dumps(ray.get(ray.get_actor(pool_learner_name('shared')).stats.remote())))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_three_tenants_train_at_once_through_the_pools_one_learner(tiny_policy, tmp_path) -> None:
+    """A pool with a learner: three tenants' runs (different data, ranks, learning rates and
+    estimators) attach over HTTP, start no learner of their own and are trained by the pool's
+    one process; each run's steps, versions and trained groups are its own, each tenant sees
+    only its own run, and every slot is free again when they end."""
+    from services.client import ServiceClient
+    from services.config import ServiceConfig
+    from tests.test_services_e2e import wait_for
+
+    learner = {"num_cpus": 0.3, "coalesce_s": 0.3, "torch_threads": 1}
+    cfg = {"state_dir": str(tmp_path / "state"), "ray": {"local": {"num_cpus": 4}},
+           "jobs": {"poll_s": 1.0, "stop_grace_s": 60, "working_dir": str(ROOT)},
+           "pools": pools(tiny_policy[0], max_adapters=3, learner=learner)}
+    settings = {ALICE: ("learner.lora={rank: 4, alpha: 8}", "learner.lr=1e-2"),
+                BOB: ("learner.lora={rank: 8, alpha: 8}", "learner.lr=5e-3", "env.seed=5"),
+                CAROL: ("learner.lora={rank: 2, alpha: 4}", "learner.lr=2e-2",
+                        "learner.estimator={type: grpo, scale_by_std: false}")}
+    with serve(ServiceConfig.model_validate(cfg), TOKENS) as service:
+        clients = {token: ServiceClient(service.url, token) for token in settings}
+        assert clients[ALICE].pools()[0]["learner"] is True
+        wait_for(lambda: clients[ALICE].pools()[0]["status"] == "running", "the pool's job")
+        runs = {token: clients[token].submit(pool_run(f"t{i}", 3, "learner.checkpoint_every=3", *extra))["id"]
+                for i, (token, extra) in enumerate(settings.items())}
+        for token, run in runs.items():
+            wait_for(lambda c=clients[token], r=run: c.status(r)["status"] in ("succeeded", "failed"),
+                     f"run {run} to end", timeout_s=900)
+        for token, run in runs.items():
+            status = clients[token].status(run)
+            assert (status["status"], status["step"]) == ("succeeded", 3), status
+            run_dir = Path(status["run_dir"])
+            admitted = json.loads((run_dir / "config.json").read_text())
+            assert admitted["learner"]["on_pool"] is True  # set by the service for this pool
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            assert [r["version"] for r in rows] == [1, 2, 3] and all(r["samples"] == 4 for r in rows)
+            groups = [g for line in (run_dir / "trained_groups.jsonl").read_text().splitlines()
+                      for g in json.loads(line)["group_ids"]]
+            assert len(groups) == len(set(groups)) == 6
+            others = [r for t, r in runs.items() if t != token]
+            assert all(httpx.get(f"{service.url}/v1/runs/{r}", headers=bearer(token), timeout=30).status_code == 404
+                       for r in others)  # each tenant reaches only its own run
+        stats = _pool_learner_stats(tmp_path / "state")
+        assert stats["tenants"] == [] and stats["failed"] == {} and stats["rounds"] <= 9
+        for client in clients.values():
             client.close()
 
 
