@@ -133,15 +133,15 @@ def train(cfg: RunConfig, on_stage: Callable[[str], None] = print, resume: bool 
 
     from cluster.actors import init_ray, start_actors
     from envs.registry import make_task_source
-    from learner.bootstrap import ensure_policy
+    from learner.bootstrap import ensure_policy_apart
 
     t_start = time.time()
     run_dir, run_id = prepare_run_dir(cfg, resume, on_stage)
     source = make_task_source(cfg.env)
     check_requirements(cfg, source)
     on_stage(f"[1/5] policy: {cfg.policy.path}")
-    policy = ensure_policy(cfg.policy, cfg.env, source, show_progress=cfg.progress == "bar",
-                           history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
+    policy = ensure_policy_apart(cfg.policy, cfg.env, show_progress=cfg.progress == "bar",
+                                 history_turns=cfg.rollout.history_turns, chat_format=cfg.rollout.chat_format)
     if cfg.learner.lora is not None:  # a target naming no layer of the policy fails before Ray starts
         from learner.lora_check import check_policy  # in a child process: the driver keeps no torch
 

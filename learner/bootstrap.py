@@ -92,11 +92,12 @@ def demo_env_config(cfg: PolicyConfig, env_cfg: BaseModel) -> BaseModel | None:
         raise ValueError(f"{problems} (keys of the {env_cfg.type} environment config)") from exc
 
 
-def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, show_progress: bool = True,
+def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource | None, show_progress: bool = True,
                   history_turns: int | None = None, chat_format: str = DEFAULT_FORMAT) -> Path:
-    """Local folder holding the policy's weights and tokenizer; ``source`` is ``env_cfg``'s.
-    ``history_turns`` is the rollouts' window (``rollout.history_turns``) and ``chat_format``
-    theirs (``rollout.chat_format``): SFT trains on the contexts the policy will act from."""
+    """Local folder holding the policy's weights and tokenizer; ``source`` is ``env_cfg``'s
+    (None: built from it if a tiny policy must be built). ``history_turns`` is the rollouts'
+    window (``rollout.history_turns``) and ``chat_format`` theirs (``rollout.chat_format``):
+    SFT trains on the contexts the policy will act from."""
     if not cfg.path.startswith("builtin:"):
         from storage.places import model_ref
 
@@ -123,9 +124,25 @@ def ensure_policy(cfg: PolicyConfig, env_cfg: BaseModel, source: TaskSource, sho
         from envs.registry import make_task_source
 
         demo_source = make_task_source(demo_cfg) if demo_cfg is not None else None
-        build_tiny_policy(cfg, source, tmp, show_progress, demo_source, history_turns, chat_format)
+        build_tiny_policy(cfg, source or make_task_source(env_cfg), tmp, show_progress, demo_source, history_turns,
+                          chat_format)
 
     return _cached(final, build)
+
+
+def ensure_policy_apart(cfg: PolicyConfig, env_cfg: BaseModel, show_progress: bool = True,
+                        history_turns: int | None = None, chat_format: str = DEFAULT_FORMAT) -> Path:
+    """``ensure_policy`` in a child process (the driver's): building a policy (a conversion, an
+    SFT warm start, a LoRA merge) loads torch, the model, its gradients and optimizer state,
+    which a process keeps as its own memory after it is done with them. The child gives all of
+    it back as it exits, before the run's actors start; the driver holds no torch. Errors are
+    raised here as the child raised them."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return Path(child.submit(ensure_policy, cfg, env_cfg, None, show_progress, history_turns,
+                                 chat_format).result())
 
 
 def _cached(final: Path, build) -> Path:

@@ -146,3 +146,34 @@ def test_an_empty_mcp_list_leaves_a_warm_starts_cache_key_as_it_was() -> None:
     assert "mcp" not in json.loads(env_key(plain)) and env_key(plain) == plain.model_dump_json(exclude={"mcp"})
     served = SearchQAConfig(num_entities=200, mcp=[{"name": "time", "command": "python"}])
     assert json.loads(env_key(served))["mcp"][0]["name"] == "time" and env_key(served) != env_key(plain)
+
+
+def test_a_warm_start_built_for_a_driver_runs_in_a_child_that_gives_its_memory_back(tmp_path) -> None:
+    """The driver's policy build (``ensure_policy_apart``): a tiny policy converted and warm
+    started in a child process; the calling process never loads torch and stays small, the
+    folder is the one ``ensure_policy`` gives, and a bad config raises here naming the field."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, TINY_OVERRIDES
+
+    code = f"""
+import json, resource, sys
+from cluster.config import load_config
+from learner.bootstrap import ensure_policy_apart
+cfg = load_config(None, {[*TINY_OVERRIDES, "policy.sft.steps=5", f"policy.cache_dir={tmp_path}"]!r})
+path = ensure_policy_apart(cfg.policy, cfg.env, show_progress=False)
+try:
+    ensure_policy_apart(cfg.policy.model_copy(update={{"path": "builtin:nope"}}), cfg.env, show_progress=False)
+    refused = ""
+except ValueError as exc:
+    refused = str(exc)
+print(json.dumps({{"path": str(path), "torch": "torch" in sys.modules, "refused": refused,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(got["path"], "turnrl_bootstrap.json").is_file() and Path(got["path"]).parent == tmp_path
+    assert got["torch"] is False and got["max_rss_mb"] < 250  # the SFT's memory was the child's
+    assert "policy.path: unknown builtin 'builtin:nope'" in got["refused"]
