@@ -10,7 +10,7 @@ dict, putting it into Ray's object store, writing a safetensors file.
     .venv/bin/python bench/learner.py --quick
     .venv/bin/python bench/learner.py --hidden 256 --layers 4 --groups 8
     python bench/learner.py --device cuda --dtype bfloat16 --no-publish   # a GPU without Ray
-    .venv/bin/python bench/learner.py --memory [--quick]   # peak memory: chunked head vs whole logits
+    .venv/bin/python bench/learner.py --memory [--quick]   # peak memory: chunked head, whole logits, checkpointed
 
 On ``--device cuda`` both run on the GPU (each moves its micro-batches there, as the learner
 does); with ``--dtype bfloat16`` the learner trains as DeepSpeed's bf16 does and the plain step
@@ -18,8 +18,9 @@ under ``torch.autocast`` with fp32 weights, PyTorch's usual mixed precision.
 
 ``--memory``: two learner updates of a SmolLM2-sized model (576 wide, 30 layers, a 49,152-word
 head; 8 rows of ~300 positions), each variant in a process of its own: the sampled tokens'
-log-probs through the output head in chunks (``rollout/next_token.py``, what the learner does)
-and through the whole vocabulary's logits (as before). It prints each one's peak RSS (sampled
+log-probs through the output head in chunks (``rollout/next_token.py``, what the learner does),
+through the whole vocabulary's logits (as before), and in chunks with every layer's activations
+recomputed in the backward (``learner.gradient_checkpointing``). It prints each one's peak RSS (sampled
 every 5 ms) against the ideal, weights + gradients + Adam's two moments (16 bytes a parameter),
 and its step time.
 """
@@ -200,7 +201,8 @@ def memory_child(args: argparse.Namespace) -> None:
         params = sum(p.numel() for p in model.parameters())
         del model
         cfg = LearnerConfig(batch_groups=args.groups, micro_batch_size=args.micro_batch_size,
-                            torch_threads=args.threads, zero_stage=args.zero_stage)
+                            torch_threads=args.threads, zero_stage=args.zero_stage,
+                            gradient_checkpointing=args.memory_child == "checkpointed")
         worker = LearnerWorker(cfg, tmp, tempfile.mkdtemp(), ports=None, group_size=args.group_size, temperature=1.0)
         worker._micro_step = marked(worker._micro_step, "forward", "other")
         worker.ds_engine.backward = marked(worker.ds_engine.backward, "backward", "other")
@@ -222,7 +224,7 @@ def bench_memory(args: argparse.Namespace) -> None:
              "--groups", str(args.groups), "--group-size", str(args.group_size), "--threads", str(args.threads),
              "--zero-stage", str(args.zero_stage), "--micro-batch-size", str(args.micro_batch_size)]
     rows = {}
-    for variant in ("chunked", "whole"):
+    for variant in ("chunked", "whole", "checkpointed"):
         out = subprocess.run([sys.executable, __file__, "--memory-child", variant, *shape], capture_output=True,
                              text=True, check=True).stdout
         rows[variant] = json.loads(out.strip().splitlines()[-1])
@@ -230,14 +232,16 @@ def bench_memory(args: argparse.Namespace) -> None:
     print(f"model: {rows['chunked']['params'] / 1e6:.1f}M parameters, a {args.model_vocab}-word head; "
           f"{args.groups * args.group_size} rows; ZeRO {args.zero_stage}; {args.threads} threads")
     print(f"ideal (fp32 weights + gradients + Adam's two moments): {ideal:.2f} GB")
-    print(f"{'':9s}" + "".join(f"{p + ' GB':>18s}" for p in PHASES) + f"{'peak / ideal':>14s}{'before GB':>11s}{'step s':>8s}")
+    print(f"{'':13s}" + "".join(f"{p + ' GB':>18s}" for p in PHASES) + f"{'peak / ideal':>14s}{'before GB':>11s}{'step s':>8s}")
     for name, r in rows.items():
         peak = max(r["peaks_gb"].values())
-        print(f"{name:9s}" + "".join(f"{r['peaks_gb'][p]:>18.2f}" for p in PHASES)
+        print(f"{name:13s}" + "".join(f"{r['peaks_gb'][p]:>18.2f}" for p in PHASES)
               + f"{peak / ideal:>14.2f}{r['rss_before_gb']:>11.2f}{r['step_s']:>8.1f}")
-    c, w = rows["chunked"]["peaks_gb"], rows["whole"]["peaks_gb"]
+    c, w, k = (rows[v]["peaks_gb"] for v in ("chunked", "whole", "checkpointed"))
     print(f"peak chunked/whole: {max(c.values()) / max(w.values()):.2f}x (forward {c['forward'] / w['forward']:.2f}x); "
           f"step time chunked/whole: {rows['chunked']['step_s'] / rows['whole']['step_s']:.2f}x")
+    print(f"checkpointed/chunked: peak {max(k.values()) / max(c.values()):.2f}x (backward "
+          f"{k['backward'] / c['backward']:.2f}x); step time {rows['checkpointed']['step_s'] / rows['chunked']['step_s']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,9 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--no-publish", action="store_true", help="skip the publish costs (they need Ray)")
     p.add_argument("--quick", action="store_true", help="a small model and batch, 3 repeats (seconds)")
-    p.add_argument("--memory", action="store_true", help="peak memory of the chunked head against whole logits")
+    p.add_argument("--memory", action="store_true", help="peak memory of the chunked head against whole logits "
+                   "and against gradient checkpointing")
     p.add_argument("--model-vocab", type=int, default=49152, help="--memory: the head's width (SmolLM2's)")
-    p.add_argument("--memory-child", choices=["chunked", "whole"], help=argparse.SUPPRESS)
+    p.add_argument("--memory-child", choices=["chunked", "whole", "checkpointed"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory and not args.quick:  # SmolLM2's size (untied head), 8 rows of ~300 positions
         args.hidden, args.layers, args.groups, args.group_size = 576, 30, 2, 4

@@ -209,6 +209,11 @@ class LearnerConfig(BaseModel):
     NCCL on ``cuda`` and gloo on ``cpu``."""
     torch_threads: int = Field(2, ge=1)
     """Intra-op threads of each learner rank."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of holding them
+    from the forward (Hugging Face's gradient checkpointing): the backward's peak memory drops by
+    most of the activations (docs/results/learner_memory.md) for about one more forward pass of
+    compute. The shared system-prompt pass is then off (checkpointed layers keep no KV cache)."""
     lora: LoRAConfig | None = None
     """Train low-rank adapters on the frozen policy instead of every weight (None: full
     fine-tuning). The weight sync still publishes whole (merged) weights; checkpoints hold the

@@ -81,6 +81,8 @@ class LearnerWorker:
         # DeepSpeed checkpoint loaded below restores the adapter and its optimizer state.
         load_from = state["hf_path"] if state and cfg.lora is None else model_path
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32)
+        if cfg.gradient_checkpointing:
+            checkpoint_layers(model)
         if cfg.lora is not None:
             model = lora.wrap(model, cfg.lora)
         self.kl_to_ref = cfg.loss.type == "ppo" and cfg.loss.kl_coef > 0
@@ -383,7 +385,7 @@ class LearnerWorker:
         # rank must run as many forwards as the others, and a share without a common prefix
         # (one row, a zero-weight step) runs one, not two.
         ids, mask = mb.input_ids, mb.attention_mask
-        shared = shared_length(ids, mask) if self.cfg.zero_stage < 3 else 0
+        shared = shared_length(ids, mask) if self.cfg.zero_stage < 3 and not self.cfg.gradient_checkpointing else 0
         return next_token_logprobs(model, ids, mask, shared, self.temperature, entropy)
 
     def _micro_step(self, mb: TokenBatch, task_ids: torch.Tensor | None = None,
@@ -450,6 +452,13 @@ class LearnerWorker:
 
     def get_step(self) -> int:
         return self.step
+
+
+def checkpoint_layers(model: Any) -> None:
+    """Hugging Face's gradient checkpointing of every decoder layer, non-reentrant (it needs no
+    input that requires grad, so a LoRA model's frozen embeddings are fine)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 def _rows_on(values: torch.Tensor | None, start: int, stop: int, device: torch.device) -> torch.Tensor | None:

@@ -215,14 +215,15 @@ def test_scale_service_quick_queues_past_max_running_and_stops_every_run() -> No
 
 
 @pytest.mark.slow
-def test_learner_memory_quick_compares_the_chunked_head_with_whole_logits() -> None:
+def test_learner_memory_quick_compares_the_chunked_head_with_whole_logits_and_checkpointing() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learner.py"), "--memory", "--quick"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    variants = ("chunked", "whole", "checkpointed")
     peaks = {line.split()[0]: float(line.split()[4]) for line in proc.stdout.splitlines()  # the peak / ideal column
-             if line.startswith(("chunked", "whole"))}
-    assert set(peaks) == {"chunked", "whole"} and all(v > 0 for v in peaks.values()), proc.stdout
-    assert "peak chunked/whole" in proc.stdout
+             if line.split() and line.split()[0] in variants}
+    assert set(peaks) == set(variants) and all(v > 0 for v in peaks.values()), proc.stdout
+    assert "peak chunked/whole" in proc.stdout and "checkpointed/chunked: peak" in proc.stdout
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def _trajectories(history_turns: int | None) -> list[Trajectory]:
 
 
 def _update_gradients(policy: str, tmp_path, micro_batch_size: int, history_turns: int | None,
-                      agg: str, lr: float = 1e-2) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+                      agg: str, lr: float = 1e-2, **learner) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """The gradients the optimizer receives for one update (after accumulation and clipping),
     and the weights after it. Gradients are what micro-batching must preserve: Adam divides
     each coordinate by its own gradient scale, so a coordinate whose gradient is ~0 turns float
@@ -44,7 +44,7 @@ def _update_gradients(policy: str, tmp_path, micro_batch_size: int, history_turn
     from learner.worker import LearnerWorker
 
     cfg = LearnerConfig(batch_groups=2, micro_batch_size=micro_batch_size, lr=lr, zero_stage=1,
-                        loss={"type": "ppo", "agg": agg})
+                        loss={"type": "ppo", "agg": agg}, **learner)
     worker = LearnerWorker(cfg, policy, str(tmp_path), ports=None, group_size=2, temperature=1.0)
     base = getattr(worker.ds_engine.optimizer, "optimizer", worker.ds_engine.optimizer)  # under ZeRO's wrapper
     seen: list[list[torch.Tensor]] = []
@@ -76,6 +76,21 @@ def test_micro_batches_of_any_count_give_the_one_batch_update(tiny_policy, tmp_p
 
     start = load_file(f"{policy}/model.safetensors")
     assert any(not torch.allclose(after[k], start[k]) for k in start if k in after)
+
+
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8, "dropout": 0.0, "publish": "merged"}])
+def test_gradient_checkpointing_gives_the_same_update(tiny_policy, tmp_path, lora) -> None:
+    """Layers recomputed in the backward (and no shared system-prompt pass) give the gradients
+    the plain update gives, full fine-tuning and LoRA alike."""
+    torch.manual_seed(0)  # the same LoRA initialisation for both
+    plain, _ = _update_gradients(tiny_policy[0], tmp_path / "a", 3, 1, "token-mean", lora=lora)
+    torch.manual_seed(0)
+    checkpointed, _ = _update_gradients(tiny_policy[0], tmp_path / "b", 3, 1, "token-mean", lora=lora,
+                                        gradient_checkpointing=True)
+    assert len(plain) == len(checkpointed) > 0
+    for w, c in zip(plain, checkpointed):
+        scale = float(w.abs().max())
+        torch.testing.assert_close(c, w, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_learning_rate_zero_runs_the_update_and_keeps_the_weights(tiny_policy, tmp_path) -> None:
