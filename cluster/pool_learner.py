@@ -41,6 +41,11 @@ def pool_learner_name(pool: str) -> str:
     return f"pool-learner-{pool}"
 
 
+class NotAttached(RuntimeError):
+    """The pool learner holds no slot for the run: it was restarted since the run attached
+    (or the run was detached)."""
+
+
 class PoolLearnerHost:
     """The pool learner's Ray actor (threaded): ``learner.pool.PoolLearner`` and the thread
     that trains it. The ``PoolLearner`` is used by one thread at a time (``_lock``); a step's
@@ -83,7 +88,7 @@ class PoolLearnerHost:
         except Exception as exc:  # noqa: BLE001 - reported to the runs that were in the round
             _log.exception("pool %s: a fused step failed", self.name)
             for name in [t.name for t in self.learner.tenants.values() if t.requested]:
-                self.learner._drop(name, exc)
+                self.learner.drop(name, exc)
             return {}
 
     # -- what a run's TenantLearner calls ---------------------------------------------------
@@ -126,8 +131,8 @@ class PoolLearnerHost:
         ``wait_s``; None meanwhile."""
         results = self._results.get(run_id)
         if results is None:
-            why = self.learner.failed.get(run_id, "it is not attached (detached, or the pool learner restarted)")
-            return ("failed", why)
+            self._tenant(run_id)  # raises why: dropped, or not attached
+            return ("failed", "no step waits for it")
         try:
             return results.get(timeout=wait_s)
         except queue.Empty:
@@ -157,8 +162,11 @@ class PoolLearnerHost:
     def _tenant(self, run_id: str) -> Any:
         tenant = self.learner.tenants.get(run_id)
         if tenant is None:
-            why = self.learner.failed.get(run_id, "not attached")
-            raise RuntimeError(f"pool {self.name}'s learner holds no slot for run {run_id}: {why}")
+            why = self.learner.failed.get(run_id)
+            if why is None:
+                raise NotAttached(f"pool {self.name}'s learner holds no slot for run {run_id} (restarted since "
+                                  "it attached, or the run was detached)")
+            raise RuntimeError(f"pool {self.name}'s learner dropped run {run_id}: {why}")
         return tenant
 
 
@@ -186,15 +194,16 @@ class TenantLearner:
         self._state = self._call(self.host.state.remote(run_id))
 
     def _call(self, ref: Any) -> Any:
-        """The host's answer; when the host died, this actor exits too: the driver then
-        replaces its learner from the run's last checkpoint, attaching to the restarted host."""
+        """The host's answer; when the host died (or was restarted since this run attached),
+        this actor exits too: the driver then replaces its learner from the run's last
+        checkpoint, attaching to the restarted host."""
         import ray
 
         try:
             return ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            _log.error("run %s: pool %s's learner died (%s); ending this learner so the run starts another "
-                       "from its last checkpoint", self.run_id, self.pool, exc)
+        except (ray.exceptions.RayActorError, NotAttached) as exc:
+            _log.error("run %s: pool %s's learner died or restarted (%s); ending this learner so the run starts "
+                       "another from its last checkpoint", self.run_id, self.pool, exc)
             os._exit(1)
 
     def train_step(self) -> dict[str, float]:

@@ -140,7 +140,7 @@ class PoolLearner:
         self.tenants.pop(name)
         self.table.detach(name)
 
-    def _drop(self, name: str, exc: BaseException) -> None:
+    def drop(self, name: str, exc: BaseException) -> None:
         """Detach run ``name`` after its own ports failed (its run died or is dying: its
         replay or weight sync is gone); the others' round goes on. Its claim, not acknowledged,
         is delivered again when it attaches from its checkpoint."""
@@ -163,7 +163,7 @@ class PoolLearner:
             try:
                 steps[name] = self._step_of(self.tenants[name], claim)
             except Exception as exc:  # noqa: BLE001 - its batch, not the others'
-                self._drop(name, exc)
+                self.drop(name, exc)
         if not steps:
             return {}
         self.rounds += 1
@@ -175,7 +175,7 @@ class PoolLearner:
             try:
                 out[name] = self._finish(self.tenants[name], claims[name], step, took[name], len(steps))
             except Exception as exc:  # noqa: BLE001 - its weight sync or replay, not the others'
-                self._drop(name, exc)
+                self.drop(name, exc)
                 continue
             out[name] |= {"time/update_s": elapsed, "time/wait_s": t0 - t_wait}
         return out
@@ -222,7 +222,7 @@ class PoolLearner:
                         got = claim_batch(tenant.ports, tenant.cfg.batch_groups, tenant.live_groups,
                                           tenant.cfg.live_shortfall == "wait", 0.0)
                     except Exception as exc:  # noqa: BLE001 - its replay is gone: its run died
-                        self._drop(tenant.name, exc)
+                        self.drop(tenant.name, exc)
                         continue
                     if got is not None:
                         claims[tenant.name] = got
