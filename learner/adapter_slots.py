@@ -173,10 +173,13 @@ class SlotTable:
 
     def _hook(self, module: str):  # type: ignore[no-untyped-def]
         def add_adapters(_mod: torch.nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+            # In place: the out-of-place index_add copied the whole output once per slot, which
+            # made a fused pass of T tenants cost T full copies per layer (the linear's backward
+            # needs its input and weight, not its output, so writing into it is safe).
             x = inputs[0]
             for slot, rows in self._groups:
                 a, b = slot.layers[module]
                 delta = (x.index_select(0, rows) @ a.t()) @ b.t() * slot.scale
-                out = out.index_add(0, rows, delta.to(out.dtype))
+                out.index_add_(0, rows, delta.to(out.dtype))
             return out
         return add_adapters
