@@ -107,7 +107,7 @@ def test_the_pools_learner_killed_mid_run_is_restarted_and_the_run_resumes(tiny_
     from cluster.pool_learner import pool_learner_name
     from cluster.pool import POOL_NAMESPACE
 
-    _start_pool(tiny_policy[0])
+    pool = _start_pool(tiny_policy[0])  # held: the pool lives as long as a handle to it does
     cfg = _run_cfg(tiny_run_config, tmp_path, "gamma", "train.steps=6", "learner.lora={rank: 4, alpha: 8}",
                    "learner.lr=1e-2", "learner.checkpoint_every=2")
     said: list[str] = []
@@ -134,3 +134,4 @@ def test_the_pools_learner_killed_mid_run_is_restarted_and_the_run_resumes(tiny_
     ids = _trained_once(result.run_dir)  # steps after the checkpoint were trained again, each group once
     assert len(ids) == 12
     assert json.loads((result.run_dir / "state.json").read_text())["step"] == 6
+    assert ray.get(pool.stats.remote())["learner"]["tenants"] == []

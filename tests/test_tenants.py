@@ -96,7 +96,7 @@ def test_runs_naming_a_pool_are_admitted_to_its_model_and_engines_or_refused(tmp
         assert res.status_code == 429 and "limits.max_pool_adapters=1" in res.json()["detail"]
         listed = httpx.get(f"{service.url}/v1/pools", headers=bearer(ALICE), timeout=30).json()["pools"]
         assert listed == [{"name": "shared", "model": model, "engine": "hf", "engines": 1, "max_adapters": 2,
-                           "attached": 1, "mine": 1, "status": "unknown", "job": None}]
+                           "attached": 1, "learner": False, "mine": 1, "status": "unknown", "job": None}]
         token = tmp_path / "token"
         token.write_text(BOB)
         from services.cli import main
