@@ -85,9 +85,12 @@ def test_past_the_limits_requests_get_429_at_once_and_the_rest_are_served(served
     assert reply.choices[0].message.role == "assistant"
 
 
-def test_a_client_that_stops_reading_does_not_hold_the_engine(served) -> None:
+def _stall_once(served) -> bool:
+    """One stream whose client reads nothing; returns whether its engine request was aborted
+    (True) or had already ended when the stall was counted (False: the engine decoded all of it
+    while the socket buffers were still taking chunks, which a loaded machine's timing allows)."""
     engine = served.gateway.service.engine.engine
-    aborted = engine.stats()["aborted"]
+    aborted, stalled = engine.stats()["aborted"], served.gateway.stats()["episodes"]["client_stalled"]
     host, port = served.url.split("//")[1].split("/")[0].split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting: a small window
@@ -100,13 +103,20 @@ def test_a_client_that_stops_reading_does_not_hold_the_engine(served) -> None:
                  b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     try:  # ... and read nothing
         deadline = time.monotonic() + 60
-        while served.gateway.stats()["episodes"]["client_stalled"] == 0:
+        while served.gateway.stats()["episodes"]["client_stalled"] == stalled:
             assert time.monotonic() < deadline, "the stalled stream was never ended"
             time.sleep(0.2)
         # the abort lands at the engine's next decoding step, after the stall was counted
-        while engine.stats()["aborted"] == aborted or engine.stats()["open_requests"]:
+        while engine.stats()["open_requests"]:
             assert time.monotonic() < deadline, f"the stalled request still runs: {engine.stats()}"
             time.sleep(0.1)
-        assert engine.stats()["aborted"] == aborted + 1  # its engine request was aborted, the row freed
+        assert engine.stats()["aborted"] - aborted in (0, 1)
+        return engine.stats()["aborted"] == aborted + 1
     finally:
         sock.close()
+
+
+def test_a_client_that_stops_reading_does_not_hold_the_engine(served) -> None:
+    # Every try ends the stalled stream with no engine request left open; at least one of three
+    # must end it while the engine still decodes it, so that its abort (the row freed) is seen.
+    assert any(_stall_once(served) for _ in range(3)), "the engine finished every stalled request before its abort"
