@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config import PoolLearnerConfig
+from cluster.pool import POOL_NAMESPACE
 from learner.config import LearnerConfig
 
 _log = logging.getLogger(__name__)
@@ -62,21 +63,18 @@ class PoolLearnerHost:
                                    device="cuda" if cfg.num_gpus > 0 else "cpu")
         self._lock = threading.Lock()
         self._results: dict[str, queue.Queue] = {}
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._train, name="pool-learner", daemon=True)
         self._thread.start()
 
     # -- the training thread ------------------------------------------------------------
     def _train(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
+        while True:
+            with self._lock:  # results are handed over under it too: a detach cannot slip in between
                 asked = any(t.requested for t in self.learner.tenants.values())
-                out = self._round() if asked else {}
-                failed = {n: why for n, why in self.learner.failed.items() if n in self._results}
-            for name, metrics in out.items():
-                self._results[name].put(("ok", metrics))
-            for name, why in failed.items():
-                self._results.pop(name).put(("failed", why))
+                for name, metrics in (self._round() if asked else {}).items():
+                    self._results[name].put(("ok", metrics))
+                for name in [n for n in self.learner.failed if n in self._results]:
+                    self._results.pop(name).put(("failed", self.learner.failed[name]))
             if not asked:
                 time.sleep(0.02)
 
@@ -131,8 +129,7 @@ class PoolLearnerHost:
         ``wait_s``; None meanwhile."""
         results = self._results.get(run_id)
         if results is None:
-            self._tenant(run_id)  # raises why: dropped, or not attached
-            return ("failed", "no step waits for it")
+            raise self._missing(run_id)
         try:
             return results.get(timeout=wait_s)
         except queue.Empty:
@@ -162,12 +159,16 @@ class PoolLearnerHost:
     def _tenant(self, run_id: str) -> Any:
         tenant = self.learner.tenants.get(run_id)
         if tenant is None:
-            why = self.learner.failed.get(run_id)
-            if why is None:
-                raise NotAttached(f"pool {self.name}'s learner holds no slot for run {run_id} (restarted since "
-                                  "it attached, or the run was detached)")
-            raise RuntimeError(f"pool {self.name}'s learner dropped run {run_id}: {why}")
+            raise self._missing(run_id)
         return tenant
+
+    def _missing(self, run_id: str) -> Exception:
+        """Why ``run_id`` has no slot: dropped (its ports failed), or never attached here."""
+        why = self.learner.failed.get(run_id)
+        if why is not None:
+            return RuntimeError(f"pool {self.name}'s learner dropped run {run_id}: {why}")
+        return NotAttached(f"pool {self.name}'s learner holds no slot for run {run_id} (restarted since it "
+                           "attached, or the run was detached)")
 
 
 class TenantLearner:
@@ -182,7 +183,7 @@ class TenantLearner:
         self.cfg, self.run_id, self.pool = cfg, run_id, pool
         self._interrupted = threading.Event()
         try:
-            self.host = ray.get_actor(pool_learner_name(pool), namespace=_namespace())
+            self.host = ray.get_actor(pool_learner_name(pool), namespace=POOL_NAMESPACE)
         except ValueError:
             raise RuntimeError(f"learner.on_pool: engine pool {pool!r} has no learner (its config sets no "
                                "`learner`); set learner.on_pool=false to train with a learner of the run's own"
@@ -230,7 +231,16 @@ class TenantLearner:
         return self._call(self.host.save_checkpoint.remote(self.run_id))
 
     def settle_weights(self) -> None:
-        self._call(self.host.settle.remote(self.run_id))
+        """Wait for the last published version to be served. A host that died meanwhile has
+        nothing left to wait for (the weight sync carries what it was handed): this returns,
+        and the run's next step, which needs the host, replaces this learner."""
+        import ray
+
+        try:
+            ray.get(self.host.settle.remote(self.run_id))
+        except (ray.exceptions.RayActorError, NotAttached):
+            _log.warning("run %s: pool %s's learner is gone; its next step replaces this learner", self.run_id,
+                         self.pool)
 
     def republish(self) -> int:
         return self._call(self.host.republish.remote(self.run_id))
@@ -252,12 +262,6 @@ class TenantLearner:
         return int(self._call(self.host.state.remote(self.run_id))["step"])
 
 
-def _namespace() -> str:
-    from cluster.pool import POOL_NAMESPACE
-
-    return POOL_NAMESPACE
-
-
 def start_pool_learner(pool: str, cfg: PoolLearnerConfig, model_path: str, max_adapters: int) -> Any:
     """The pool's learner actor, named for the pool (runs find it by name), restarted by Ray
     up to ``cfg.max_restarts`` times. Calls run on threads: every run's wait for its step's
@@ -265,7 +269,7 @@ def start_pool_learner(pool: str, cfg: PoolLearnerConfig, model_path: str, max_a
     import ray
 
     return ray.remote(PoolLearnerHost).options(
-        name=pool_learner_name(pool), namespace=_namespace(), num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
+        name=pool_learner_name(pool), namespace=POOL_NAMESPACE, num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
         resources=cfg.resources, max_restarts=cfg.max_restarts, max_task_retries=0,
         max_concurrency=4 * max_adapters + 8).remote(pool, cfg, model_path)
 
