@@ -30,11 +30,15 @@ from typing import Any
 
 from cluster.config import PoolLearnerConfig
 from cluster.pool import POOL_NAMESPACE
+from cluster.survival import wait_restarted
 from learner.config import LearnerConfig
 
 _log = logging.getLogger(__name__)
 
 _POLL_S = 1.0
+_HOST_RESTART_S = 300.0
+"""Longest a run's new learner waits for the pool's learner that Ray is restarting (its process
+starts and loads the base model) before it gives up and the run's restart fails."""
 """How long one wait of a tenant for its step's result lasts (an interrupt is seen between)."""
 
 
@@ -189,6 +193,10 @@ class TenantLearner:
                                "`learner`); set learner.on_pool=false to train with a learner of the run's own"
                                ) from None
         Path(run_dir).mkdir(parents=True, exist_ok=True)
+        # A learner replacing one whose host died starts while Ray restarts the host: a call
+        # made then fails at once (ActorUnavailableError), which is no reason to end this one.
+        wait_restarted(self.host, _HOST_RESTART_S, waiting=lambda s: _log.info(
+            "run %s: waiting %.0fs for pool %s's learner to start again", run_id, s, pool))
         self._call(self.host.attach.remote(
             run_id, cfg, ports, temperature=temperature, rewards=rewards, run_dir=run_dir, resume=resume,
             version_floor=version_floor, live_groups=live_groups))

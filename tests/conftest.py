@@ -109,3 +109,34 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": job_env()})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def engine_pools(ray_cluster):
+    """``start(name, cfg, model_path)``: a named engine pool (``cluster.pool.start_pool``) killed
+    as the test ends, pass or fail, and waited for until its name (and its learner's) is free:
+    the cluster is shared by the session, and a failed test's traceback would otherwise keep
+    its pool alive and its name taken for the next test that starts one."""
+    import time
+
+    from cluster.pool import POOL_NAMESPACE, pool_actor_name, start_pool
+    from cluster.pool_learner import pool_learner_name
+
+    started: list[tuple[str, object]] = []
+
+    def start(name: str, cfg, model_path: str):
+        pool = start_pool(name, cfg, model_path)
+        started.append((name, pool))
+        return pool
+
+    yield start
+    for name, pool in started:
+        ray_cluster.kill(pool)
+        deadline = time.monotonic() + 60
+        for actor in (pool_actor_name(name), pool_learner_name(name)):
+            while time.monotonic() < deadline:
+                try:
+                    ray_cluster.get_actor(actor, namespace=POOL_NAMESPACE)
+                except ValueError:
+                    break
+                time.sleep(0.2)

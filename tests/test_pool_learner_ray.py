@@ -22,15 +22,14 @@ import pytest
 POOL = "shared"
 
 
-def _start_pool(policy: str, **learner: Any) -> Any:
+def _start_pool(engine_pools: Any, policy: str, **learner: Any) -> Any:
     import ray
 
     from cluster.config import PoolConfig
-    from cluster.pool import start_pool
 
     cfg = PoolConfig(model=policy, engine={"type": "hf", "count": 1, "num_cpus": 0.2}, max_adapters=3,
                      learner={"num_cpus": 0.3, "coalesce_s": 0.3, "torch_threads": 1, **learner})
-    pool = start_pool(POOL, cfg, policy)
+    pool = engine_pools(POOL, cfg, policy)
     ray.get(pool.start.remote())
     return pool
 
@@ -57,13 +56,13 @@ def _loads_torch(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_two_runs_train_through_the_pools_one_learner(tiny_run_config, tiny_policy, ray_cluster, tmp_path) -> None:
+def test_two_runs_train_through_the_pools_one_learner(tiny_run_config, tiny_policy, engine_pools, tmp_path) -> None:
     import ray
 
     from cluster.driver import train
     from learner.lora import is_lora_checkpoint
 
-    pool = _start_pool(tiny_policy[0])
+    pool = _start_pool(engine_pools, tiny_policy[0])
     cfgs = [_run_cfg(tiny_run_config, tmp_path, "alpha", "train.steps=4", "learner.lora={rank: 4, alpha: 8}",
                      "learner.lr=1e-2", "learner.checkpoint_every=2"),
             _run_cfg(tiny_run_config, tmp_path, "beta", "train.steps=3", "learner.lora={rank: 8, alpha: 8}",
@@ -100,14 +99,14 @@ def test_two_runs_train_through_the_pools_one_learner(tiny_run_config, tiny_poli
 
 @pytest.mark.slow
 def test_the_pools_learner_killed_mid_run_is_restarted_and_the_run_resumes(tiny_run_config, tiny_policy,
-                                                                             ray_cluster, tmp_path) -> None:
+                                                                             engine_pools, tmp_path) -> None:
     import ray
 
     from cluster.driver import train
     from cluster.pool_learner import pool_learner_name
     from cluster.pool import POOL_NAMESPACE
 
-    pool = _start_pool(tiny_policy[0])  # held: the pool lives as long as a handle to it does
+    pool = _start_pool(engine_pools, tiny_policy[0])  # held: the pool lives as long as a handle to it does
     cfg = _run_cfg(tiny_run_config, tmp_path, "gamma", "train.steps=6", "learner.lora={rank: 4, alpha: 8}",
                    "learner.lr=1e-2", "learner.checkpoint_every=2")
     said: list[str] = []

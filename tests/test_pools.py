@@ -178,64 +178,57 @@ ENGINES = {"hf": {"type": "hf", "max_batch": 16},
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", os.environ.get("TURNRL_POOL_ENGINES", "hf").split(","))
-def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(engine, tiny_policy, ray_cluster) -> None:
+def test_three_tenants_on_one_pool_each_decode_with_their_own_adapter(engine, tiny_policy, engine_pools) -> None:
     import ray
 
     from cluster.config import PoolConfig
-    from cluster.pool import start_pool
     from rollout.engines.client import AdapterClient, RayEngineClient
 
     policy = tiny_policy[0]
     cfg = PoolConfig(model=policy, engine={**ENGINES[engine], "count": 1, "num_cpus": 0.2})
-    pool = start_pool("isolation", cfg, policy)
-    try:
-        engines = ray.get(pool.start.remote())["engines"]
-        specs = {t: AdapterSpec(t, LORA.alpha / LORA.rank) for t in TENANTS}
-        for i, t in enumerate(TENANTS):  # as each run's weight sync pushes its version 1
-            ray.get([e.load.remote(1, InMemoryWeights(random_adapter(policy, LORA, i)[0]), specs[t]) for e in engines])
-        group = RayEngineClient(engines, policy)
-        clients = {t: AdapterClient(group, specs[t]) for t in TENANTS}
-        _isolation(policy, clients.__getitem__)
-        assert ray.get(engines[0].stats.remote())["adapters"] == 3
-    finally:
-        ray.kill(pool)
+    pool = engine_pools("isolation", cfg, policy)
+    engines = ray.get(pool.start.remote())["engines"]
+    specs = {t: AdapterSpec(t, LORA.alpha / LORA.rank) for t in TENANTS}
+    for i, t in enumerate(TENANTS):  # as each run's weight sync pushes its version 1
+        ray.get([e.load.remote(1, InMemoryWeights(random_adapter(policy, LORA, i)[0]), specs[t]) for e in engines])
+    group = RayEngineClient(engines, policy)
+    clients = {t: AdapterClient(group, specs[t]) for t in TENANTS}
+    _isolation(policy, clients.__getitem__)
+    assert ray.get(engines[0].stats.remote())["adapters"] == 3
 
 
 @pytest.mark.slow
-def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(tiny_policy, ray_cluster,
+def test_a_pool_forgets_a_run_killed_without_detaching_and_refuses_one_too_many(tiny_policy, engine_pools,
                                                                                  tmp_path) -> None:
     """(A run attaching, training and detaching as it ends: tests/test_tenants.py.)"""
     import ray
 
     from cluster.config import PoolConfig
-    from cluster.pool import pool_engines, start_pool
+    from cluster.pool import pool_engines
     from learner.weights import WeightSync
 
     policy = tiny_policy[0]
     cfg = PoolConfig(model=policy, engine={"type": "hf", "count": 1, "num_cpus": 0.2}, max_adapters=1, watch_s=0.5)
-    pool = start_pool("shared", cfg, policy)
-    try:
-        engine = ray.get(pool.start.remote())["engines"][0]
-        assert pool_engines("shared", policy)[1] == [engine]
-        other = tmp_path / "other-base"  # another model: its config differs
-        other.mkdir()
-        (other / "config.json").write_text((Path(policy) / "config.json").read_text().replace("64", "96"))
-        with pytest.raises(RuntimeError, match="serves the base model .* not this run's policy.path"):
-            pool_engines("shared", str(other))
-        spec = AdapterSpec("killed-run", 2.0)
-        sync = ray.remote(WeightSync).remote([], [], None)
-        assert ray.get(pool.attach.remote("killed-run", spec, sync)) == [engine]
-        ray.get(engine.load.remote(1, InMemoryWeights(random_adapter(policy, LORA, 0)[0]), spec))
-        with pytest.raises(ray.exceptions.RayTaskError, match="max_adapters"):
-            ray.get(pool.attach.remote("another-run", spec, sync))
-        ray.kill(sync)  # a run killed without detaching
-        deadline = time.monotonic() + 30
-        while ray.get(pool.stats.remote())["runs"] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        stats = ray.get(pool.stats.remote())
-        assert stats["runs"] == [] and stats["detached"] == 1
-        assert stats["engines"][0]["adapters"] == 0  # its adapter left the engine
-        fresh = ray.remote(WeightSync).remote([], [], None)
-        assert ray.get(pool.attach.remote("another-run", spec, fresh)) == [engine]  # its slot is free again
-    finally:
-        ray.kill(pool)
+    pool = engine_pools("shared", cfg, policy)
+    engine = ray.get(pool.start.remote())["engines"][0]
+    assert pool_engines("shared", policy)[1] == [engine]
+    other = tmp_path / "other-base"  # another model: its config differs
+    other.mkdir()
+    (other / "config.json").write_text((Path(policy) / "config.json").read_text().replace("64", "96"))
+    with pytest.raises(RuntimeError, match="serves the base model .* not this run's policy.path"):
+        pool_engines("shared", str(other))
+    spec = AdapterSpec("killed-run", 2.0)
+    sync = ray.remote(WeightSync).remote([], [], None)
+    assert ray.get(pool.attach.remote("killed-run", spec, sync)) == [engine]
+    ray.get(engine.load.remote(1, InMemoryWeights(random_adapter(policy, LORA, 0)[0]), spec))
+    with pytest.raises(ray.exceptions.RayTaskError, match="max_adapters"):
+        ray.get(pool.attach.remote("another-run", spec, sync))
+    ray.kill(sync)  # a run killed without detaching
+    deadline = time.monotonic() + 30
+    while ray.get(pool.stats.remote())["runs"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stats = ray.get(pool.stats.remote())
+    assert stats["runs"] == [] and stats["detached"] == 1
+    assert stats["engines"][0]["adapters"] == 0  # its adapter left the engine
+    fresh = ray.remote(WeightSync).remote([], [], None)
+    assert ray.get(pool.attach.remote("another-run", spec, fresh)) == [engine]  # its slot is free again
