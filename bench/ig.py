@@ -12,8 +12,13 @@ scores every turn boundary, in the same process, with:
 - ``IGScorer.score_per_turn``: one plain forward per boundary, the reference every line is
   checked against and timed against.
 
+With ``--model smollm2`` the model is SmolLM2-135M-Instruct (the offline wheel, converted
+once as runs convert it) instead: what IG costs at the size the credit matrix trains
+(docs/results/credit.md), one learner step's trajectories at a time.
+
     .venv/bin/python bench/ig.py --quick
     .venv/bin/python bench/ig.py --trajectories 32 --turns 4 --hidden 256 --layers 4
+    .venv/bin/python bench/ig.py --model smollm2 --quick --repeat 1
 """
 
 from __future__ import annotations
@@ -60,6 +65,19 @@ def build_tiny(path: Path, hidden: int, layers: int, vocab: int, model_vocab: in
         path, CORPUS * 10, vocab=vocab, hidden=hidden, layers=layers, max_positions=4096,
         model_vocab=model_vocab,
     )
+
+
+def load_smollm2() -> tuple:
+    """SmolLM2-135M-Instruct in fp32 (as the credit matrix trains it), its folder and tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from learner.bootstrap import ensure_policy
+    from learner.config import PolicyConfig
+
+    path = str(ensure_policy(PolicyConfig(path="builtin:smollm2", sft={"enabled": False}), None, None,
+                             show_progress=False))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return path, model.eval(), AutoTokenizer.from_pretrained(path)
 
 
 def rollout(client, tok, args) -> tuple[list[Trajectory], float]:
@@ -135,6 +153,8 @@ def timed(fn, *a, repeat: int = 1, **kw) -> tuple[object, float]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="16 trajectories, shorter turns")
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                   help="smollm2: the real model (--hidden, --layers and the vocab flags do not apply)")
     p.add_argument("--trajectories", type=int, default=32)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--hidden", type=int, default=32)
@@ -150,9 +170,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.trajectories = min(args.trajectories, 16)
         args.prompt_len, args.action_len, args.obs_len = (48, 96), (16, 48), (32, 128)
-    with tempfile.TemporaryDirectory() as tmp:
-        model, tok = build_tiny(Path(tmp), args.hidden, args.layers, args.vocab, args.model_vocab)
-        client = local_client(HFEngineConfig(device=args.device), tmp, seed=0)
+    if args.model == "smollm2":
+        path, model, tok = load_smollm2()
+        client = local_client(HFEngineConfig(device=args.device), path, seed=0)
+        label = "SmolLM2-135M-Instruct"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            model, tok = build_tiny(Path(tmp), args.hidden, args.layers, args.vocab, args.model_vocab)
+            client = local_client(HFEngineConfig(device=args.device), tmp, seed=0)
+        label = f"hidden{args.hidden}x{args.layers}L"
     model.to(args.device)
     trajs, gen_s = rollout(client, tok, args)
     cfg = IGConfig(token_budget=args.token_budget)
@@ -180,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         len(per_row.batches(per_row.rows(trajs))),
     )
     tokens = sum(len(t.token_ids()) for t in trajs)
-    print(f"device={args.device} model=hidden{args.hidden}x{args.layers}L "
+    print(f"device={args.device} model={label} "
           f"vocab={model.config.vocab_size} (tokenizer {len(tok)}) "
           f"threads={torch.get_num_threads()}")
     print(f"trajectories={len(trajs)} turns={args.turns} tokens={tokens} "
