@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/credit_why.py [--tasks 24] [--group-size 8] [--set KEY=VALUE ...]
                                          [--quick] [--out runs/credit/why.json]
+    .venv/bin/python bench/credit_why.py --read runs/credit/why.json   # the report again, no play
 
 The credit matrix's IGPO cell (``bench/credit.py``, docs/results/credit.md) went from 1.7 turns
 an episode to 1.0 within 7 steps and held-out success to 0: the policy learned to answer without
@@ -15,7 +16,11 @@ per turn kind (a search, the answer, any other turn):
 - the advantage each kind of turn gets, and its mean per episode length: what the policy
   gradient pushes up or down;
 - how many groups have no outcome signal (every episode failed, or every one succeeded),
-  the groups IG is meant to rescue, and what IG gives their turns.
+  the groups IG is meant to rescue, and what IG gives their turns;
+- per group: the spread of the pool IGPO z-scores (IG on non-final turns, the outcome on the
+  final one), its largest IG, and the advantage of each episode's first turn (the sum of the
+  episode's normalised rewards) by episode length: where that spread is IG's numerical noise,
+  the z-score makes the noise as large as a success.
 
 Everything per turn goes to ``--out`` (JSON) for the analysis in docs/results/credit.md.
 """
@@ -131,6 +136,28 @@ def report(found: dict[str, Any]) -> None:
     g = found["groups"]
     print(f"\ngroups: {g['groups']}, {g['no_outcome_signal']} without outcome signal ({g['all_failed']} all failed); "
           f"search-turn IG in those: {g['search_ig_in_those']}")
+    by_group(rows)
+
+
+def by_group(rows: list[dict[str, Any]]) -> None:
+    """Per group: the z-scored pool's spread and largest IG, and first-turn advantages by
+    episode length (what a searching episode is told against answering at once)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["group"], []).append(r)
+    print("\ngroup  pool std  largest IG  successes  first-turn advantage by episode length")
+    for gid, turns in groups.items():
+        pool = [r["outcome"] if r["turn"] == r["turns"] - 1 else r["ig"] for r in turns]
+        pool = [v for v in pool if v is not None]
+        igs = [r["ig"] for r in turns if r["ig"] is not None and r["turn"] < r["turns"] - 1]
+        first = {}
+        for r in sorted(turns, key=lambda r: r["turns"]):
+            if r["turn"] == 0:
+                first.setdefault(r["turns"], []).append(f"{r['advantage']:+.2f}")
+        wins = len({r["traj"] for r in turns if r["success"]})
+        print(f"{gid[-4:]:<6} {statistics.pstdev(pool) if pool else float('nan'):>8.1e} "
+              f"{max(igs) if igs else float('nan'):>+11.1e} {wins:>10}  "
+              + "  ".join(f"{n}: {' '.join(a)}" for n, a in first.items()))
 
 
 def main() -> None:
@@ -142,7 +169,12 @@ def main() -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--quick", action="store_true", help="the tiny policy on a small world (the tests)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "credit" / "why.json")
+    p.add_argument("--read", type=Path, default=None, metavar="WHY_JSON",
+                   help="print the report of an earlier run's --out, playing nothing")
     args = p.parse_args()
+    if args.read is not None:
+        report(json.loads(args.read.read_text()))
+        return
     use_offline_env()
     quick = [q for q in QUICK if not q.startswith(("rollout.engine", "train.", "eval.", "learner.claim"))]
     cfg = load_config(CONFIG, [*(quick if args.quick else []), *METHODS["igpo"], *args.overrides])
