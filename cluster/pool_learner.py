@@ -36,10 +36,10 @@ from learner.config import LearnerConfig
 _log = logging.getLogger(__name__)
 
 _POLL_S = 1.0
+"""How long one wait of a tenant for its step's result lasts (an interrupt is seen between)."""
 _HOST_RESTART_S = 300.0
 """Longest a run's new learner waits for the pool's learner that Ray is restarting (its process
 starts and loads the base model) before it gives up and the run's restart fails."""
-"""How long one wait of a tenant for its step's result lasts (an interrupt is seen between)."""
 
 
 def pool_learner_name(pool: str) -> str:
