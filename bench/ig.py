@@ -71,11 +71,10 @@ def load_smollm2() -> tuple:
     """SmolLM2-135M-Instruct in fp32 (as the credit matrix trains it), its folder and tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learner.bootstrap import ensure_policy
     from learner.config import PolicyConfig
+    from learner.pretrained import convert
 
-    path = str(ensure_policy(PolicyConfig(path="builtin:smollm2", sft={"enabled": False}), None, None,
-                             show_progress=False))
+    path = str(convert("smollm2", PolicyConfig().models_dir))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return path, model.eval(), AutoTokenizer.from_pretrained(path)
 
